@@ -1,0 +1,1 @@
+//! The standalone HTTP proxy: forwarding, streaming, retries, admission and the admin server.
