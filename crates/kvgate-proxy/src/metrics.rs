@@ -1,0 +1,125 @@
+//! Proxy metric families, registered in a `kvgate_` sub-registry passed in at construction.
+
+use prometheus_client::{
+    encoding::EncodeLabelSet,
+    metrics::{counter::Counter, family::Family, gauge::Gauge, histogram::Histogram},
+    registry::Registry,
+};
+
+/// Labels of a finished request.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RequestLabels {
+    /// API label (`chat_completions`, …, `passthrough`).
+    pub api: &'static str,
+    /// HTTP status code sent to the client.
+    pub status: u16,
+    /// `host:port` of the endpoint that served it, or `none`.
+    pub endpoint: String,
+}
+
+/// Labels keyed by API only.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ApiLabels {
+    /// API label.
+    pub api: &'static str,
+}
+
+/// Labels keyed by endpoint only.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct EndpointLabels {
+    /// `host:port`.
+    pub endpoint: String,
+}
+
+/// Labels of a request kvgate answered itself with an error.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ErrorLabels {
+    /// Stable reason code (`body_too_large`, `no_healthy_endpoint`, …).
+    pub reason: &'static str,
+}
+
+/// The proxy's metric handles.
+#[derive(Debug, Clone)]
+pub struct ProxyMetrics {
+    /// `kvgate_requests_total{api,status,endpoint}`.
+    pub requests: Family<RequestLabels, Counter>,
+    /// `kvgate_request_duration_seconds{api}`: from request start to the end of the response body.
+    pub duration: Family<ApiLabels, Histogram>,
+    /// `kvgate_request_first_byte_seconds{api}`: until the engine's response headers.
+    pub first_byte: Family<ApiLabels, Histogram>,
+    /// `kvgate_requests_in_flight`.
+    pub in_flight: Gauge,
+    /// `kvgate_request_errors_total{reason}`: requests kvgate answered with its own error.
+    pub errors: Family<ErrorLabels, Counter>,
+    /// `kvgate_upstream_retries_total{endpoint}`: attempts that failed before any byte and
+    /// were retried elsewhere.
+    pub retries: Family<EndpointLabels, Counter>,
+    /// `kvgate_endpoint_ejections_total{endpoint}`.
+    pub ejections: Family<EndpointLabels, Counter>,
+    /// `kvgate_responses_aborted_total{api}`: responses cut off by the client or the engine.
+    pub aborted: Family<ApiLabels, Counter>,
+}
+
+fn latency_histogram() -> Histogram {
+    Histogram::new([
+        0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+        60.0, 120.0,
+    ])
+}
+
+impl ProxyMetrics {
+    /// Registers the families under `registry` (expected to be the `kvgate` sub-registry).
+    pub fn new(registry: &mut Registry) -> Self {
+        let m = Self {
+            requests: Family::default(),
+            duration: Family::new_with_constructor(latency_histogram),
+            first_byte: Family::new_with_constructor(latency_histogram),
+            in_flight: Gauge::default(),
+            errors: Family::default(),
+            retries: Family::default(),
+            ejections: Family::default(),
+            aborted: Family::default(),
+        };
+        registry.register(
+            "requests",
+            "Requests by API, status and endpoint",
+            m.requests.clone(),
+        );
+        registry.register(
+            "request_duration_seconds",
+            "Request duration until the response body ended",
+            m.duration.clone(),
+        );
+        registry.register(
+            "request_first_byte_seconds",
+            "Time until the engine's response headers",
+            m.first_byte.clone(),
+        );
+        registry.register(
+            "requests_in_flight",
+            "Requests being served",
+            m.in_flight.clone(),
+        );
+        registry.register(
+            "request_errors",
+            "Requests answered with a kvgate error, by reason",
+            m.errors.clone(),
+        );
+        registry.register(
+            "upstream_retries",
+            "Upstream attempts that failed before any response byte and were retried",
+            m.retries.clone(),
+        );
+        registry.register(
+            "endpoint_ejections",
+            "Times an endpoint was ejected after a connect failure",
+            m.ejections.clone(),
+        );
+        registry.register(
+            "responses_aborted",
+            "Responses cut off before their end (client gone or engine failed)",
+            m.aborted.clone(),
+        );
+        m
+    }
+}

@@ -1,0 +1,166 @@
+//! Model discovery (`GET /v1/models` on each endpoint) and the pool-wide model list.
+
+use std::{collections::HashMap, sync::Arc, time::Duration};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, Limited};
+use serde_json::{Value, json};
+
+use crate::{Proxy, endpoint::Endpoint};
+
+/// Largest `/v1/models` body kvgate reads from an engine.
+const MAX_MODELS_BODY: usize = 4 << 20;
+
+/// Why an endpoint's model list could not be read.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum DiscoveryError {
+    #[error("connect failed: {0}")]
+    Connect(String),
+    #[error("request failed: {0}")]
+    Request(String),
+    #[error("timed out")]
+    Timeout,
+    #[error("status {0}")]
+    Status(u16),
+    #[error("body is not an OpenAI model list")]
+    Shape,
+}
+
+impl Proxy {
+    /// Fetches one endpoint's `/v1/models` and stores it.
+    pub(crate) async fn discover(
+        &self,
+        ep: &Endpoint,
+        timeout: Duration,
+    ) -> Result<(), DiscoveryError> {
+        let uri = ep
+            .uri_for("/v1/models")
+            .map_err(|e| DiscoveryError::Request(e.to_string()))?;
+        let req = http::Request::get(uri)
+            .header(http::header::HOST, ep.authority().as_str())
+            .body(Full::new(Bytes::new()))
+            .map_err(|e| DiscoveryError::Request(e.to_string()))?;
+        let fetch = async {
+            let resp = self.client.request(req).await.map_err(|e| {
+                if e.is_connect() {
+                    DiscoveryError::Connect(e.to_string())
+                } else {
+                    DiscoveryError::Request(e.to_string())
+                }
+            })?;
+            if !resp.status().is_success() {
+                return Err(DiscoveryError::Status(resp.status().as_u16()));
+            }
+            let body = Limited::new(resp.into_body(), MAX_MODELS_BODY)
+                .collect()
+                .await
+                .map_err(|e| DiscoveryError::Request(e.to_string()))?
+                .to_bytes();
+            parse_model_list(&body).ok_or(DiscoveryError::Shape)
+        };
+        let models = tokio::time::timeout(timeout, fetch)
+            .await
+            .map_err(|_| DiscoveryError::Timeout)??;
+        ep.set_models(models);
+        Ok(())
+    }
+
+    /// Refreshes every endpoint's model list concurrently.
+    pub(crate) async fn discover_all(&self, timeout: Duration) {
+        let tasks = self.endpoints.iter().map(|ep| async move {
+            match self.discover(ep, timeout).await {
+                Ok(()) => ep.record_success(),
+                Err(e) => {
+                    tracing::debug!(endpoint = %ep.name, error = %e, "model discovery failed");
+                    if matches!(e, DiscoveryError::Connect(_)) {
+                        self.eject(ep);
+                    }
+                }
+            }
+        });
+        futures_util::future::join_all(tasks).await;
+    }
+
+    /// Refreshes model lists forever at the configured interval.
+    pub(crate) async fn discovery_loop(self: Arc<Self>, interval: Duration) {
+        let mut tick = tokio::time::interval(interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            self.discover_all(Duration::from_secs(5)).await;
+        }
+    }
+
+    /// The body of kvgate's own `GET /v1/models`: the union of the endpoints' models (first
+    /// endpoint's object wins), plus one entry per alias whose target is served.
+    pub(crate) async fn model_list(&self) -> Bytes {
+        self.discover_all(Duration::from_secs(2)).await;
+        let mut by_id: Vec<(String, Value)> = Vec::new();
+        for ep in &self.endpoints {
+            for model in ep.models().iter().flat_map(|m| m.iter()) {
+                let Some(id) = model.get("id").and_then(Value::as_str) else {
+                    continue;
+                };
+                if !by_id.iter().any(|(known, _)| known == id) {
+                    by_id.push((id.to_owned(), model.clone()));
+                }
+            }
+        }
+        let served: HashMap<String, Value> = by_id.iter().cloned().collect();
+        let mut aliases: Vec<(&String, &String)> = self.config.aliases.iter().collect();
+        aliases.sort();
+        for (alias, target) in aliases {
+            if let Some(model) = served.get(target) {
+                if served.contains_key(alias) {
+                    continue;
+                }
+                let mut entry = model.clone();
+                if let Some(obj) = entry.as_object_mut() {
+                    obj.insert("id".into(), Value::String(alias.clone()));
+                    obj.insert("root".into(), Value::String(target.clone()));
+                }
+                by_id.push((alias.clone(), entry));
+            }
+        }
+        let data: Vec<Value> = by_id.into_iter().map(|(_, v)| v).collect();
+        Bytes::from(json!({"object": "list", "data": data}).to_string())
+    }
+}
+
+/// Reads `{"data":[{"id":...},...]}`.
+fn parse_model_list(body: &[u8]) -> Option<Vec<Value>> {
+    let value: Value = serde_json::from_slice(body).ok()?;
+    let data = value.get("data")?.as_array()?;
+    Some(
+        data.iter()
+            .filter(|m| m.get("id").and_then(Value::as_str).is_some())
+            .cloned()
+            .collect(),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn model_list_shapes() {
+        let cases = [
+            (
+                r#"{"object":"list","data":[{"id":"a"},{"id":"b","root":"a"}]}"#,
+                Some(2),
+            ),
+            (r#"{"data":[{"id":"a"},{"name":"no id"}]}"#, Some(1)),
+            (r#"{"data":{}}"#, None),
+            (r#"[]"#, None),
+            ("nope", None),
+        ];
+        for (body, want) in cases {
+            assert_eq!(
+                parse_model_list(body.as_bytes()).map(|v| v.len()),
+                want,
+                "{body}"
+            );
+        }
+    }
+}

@@ -1,0 +1,297 @@
+//! Test helpers: a spy engine that records the raw bytes it receives, and a proxy launcher.
+//!
+//! The spy speaks HTTP/1.1 over a raw TCP socket, so what it records is exactly what crossed
+//! the wire: no HTTP library in between normalizes anything.
+
+use std::{net::SocketAddr, sync::Arc, time::Duration};
+
+use prometheus_client::registry::Registry;
+use tokio::{
+    io::{AsyncReadExt, AsyncWriteExt},
+    net::{TcpListener, TcpStream},
+    sync::{mpsc, oneshot},
+};
+
+use crate::{Proxy, ProxyConfig};
+
+/// One request as the spy received it.
+#[derive(Debug, Clone)]
+pub struct Captured {
+    /// Request line and headers, as sent (CRLF-separated).
+    pub head: String,
+    /// The body bytes, exactly.
+    pub body: Vec<u8>,
+}
+
+impl Captured {
+    /// A header value (case-insensitive name).
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.head.lines().skip(1).find_map(|line| {
+            let (k, v) = line.split_once(':')?;
+            k.eq_ignore_ascii_case(name).then(|| v.trim())
+        })
+    }
+}
+
+/// How the spy answers.
+#[derive(Debug, Clone)]
+pub enum Behavior {
+    /// `200` with this JSON body (`{MODEL}` is replaced by the request's model).
+    Json(String),
+    /// SSE events (`data: ...` lines without the blank line), `gap` apart; after the last
+    /// one, `data: [DONE]`. `{MODEL}` is replaced by the request's model.
+    Sse {
+        /// Event payloads.
+        events: Vec<String>,
+        /// Pause between events.
+        gap: Duration,
+    },
+    /// Never answers (holds the connection open).
+    Silent,
+    /// Closes the connection right after reading the request, without a response byte.
+    Reset,
+}
+
+/// Events the spy reports besides captured requests.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SpyEvent {
+    /// The spy wrote its last SSE event.
+    StreamFinished,
+    /// Writing to the client failed: the peer closed the connection mid-response.
+    PeerClosed,
+}
+
+/// A spy engine on `127.0.0.1:0`.
+#[derive(Debug)]
+pub struct Spy {
+    /// Where it listens.
+    pub addr: SocketAddr,
+    /// Requests, in arrival order.
+    pub requests: mpsc::UnboundedReceiver<Captured>,
+    /// Stream progress and disconnects.
+    pub events: mpsc::UnboundedReceiver<SpyEvent>,
+    _stop: oneshot::Sender<()>,
+}
+
+impl Spy {
+    /// Starts a spy with a behavior.
+    ///
+    /// # Panics
+    /// If it cannot bind a loopback port.
+    #[allow(clippy::expect_used)]
+    pub async fn start(behavior: Behavior) -> Spy {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind spy");
+        let addr = listener.local_addr().expect("spy addr");
+        let (req_tx, requests) = mpsc::unbounded_channel();
+        let (ev_tx, events) = mpsc::unbounded_channel();
+        let (stop, mut stopped) = oneshot::channel();
+        let behavior = Arc::new(behavior);
+        tokio::spawn(async move {
+            loop {
+                let accepted = tokio::select! {
+                    a = listener.accept() => a,
+                    _ = &mut stopped => break,
+                };
+                let Ok((stream, _)) = accepted else { continue };
+                let (req_tx, ev_tx, behavior) = (req_tx.clone(), ev_tx.clone(), behavior.clone());
+                tokio::spawn(serve_conn(stream, behavior, req_tx, ev_tx));
+            }
+        });
+        Spy {
+            addr,
+            requests,
+            events,
+            _stop: stop,
+        }
+    }
+
+    /// The spy's base URL.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Waits (up to 10 s) for the next captured request.
+    ///
+    /// # Panics
+    /// If none arrives in time.
+    #[allow(clippy::expect_used)]
+    pub async fn next_request(&mut self) -> Captured {
+        tokio::time::timeout(Duration::from_secs(10), self.requests.recv())
+            .await
+            .expect("spy: no request within 10 s")
+            .expect("spy stopped")
+    }
+
+    /// Waits (up to 10 s) for the next event.
+    ///
+    /// # Panics
+    /// If none arrives in time.
+    #[allow(clippy::expect_used)]
+    pub async fn next_event(&mut self) -> SpyEvent {
+        tokio::time::timeout(Duration::from_secs(10), self.events.recv())
+            .await
+            .expect("spy: no event within 10 s")
+            .expect("spy stopped")
+    }
+}
+
+async fn serve_conn(
+    mut stream: TcpStream,
+    behavior: Arc<Behavior>,
+    req_tx: mpsc::UnboundedSender<Captured>,
+    ev_tx: mpsc::UnboundedSender<SpyEvent>,
+) {
+    let mut buf = Vec::new();
+    loop {
+        let Some(captured) = read_request(&mut stream, &mut buf).await else {
+            return;
+        };
+        let model = serde_json::from_slice::<serde_json::Value>(&captured.body)
+            .ok()
+            .and_then(|v| v.get("model").and_then(|m| m.as_str()).map(str::to_owned))
+            .unwrap_or_default();
+        let _ = req_tx.send(captured);
+        let fill = |s: &str| s.replace("{MODEL}", &model);
+        match &*behavior {
+            Behavior::Json(body) => {
+                let body = fill(body);
+                let resp = format!(
+                    "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+                    body.len()
+                );
+                if stream.write_all(resp.as_bytes()).await.is_err() {
+                    return;
+                }
+            }
+            Behavior::Sse { events, gap } => {
+                let head = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n";
+                if stream.write_all(head.as_bytes()).await.is_err() {
+                    return;
+                }
+                let all = events
+                    .iter()
+                    .map(|e| format!("data: {}\n\n", fill(e)))
+                    .chain(std::iter::once("data: [DONE]\n\n".to_owned()));
+                for (i, event) in all.enumerate() {
+                    if i > 0 {
+                        tokio::time::sleep(*gap).await;
+                    }
+                    let chunk = format!("{:x}\r\n{event}\r\n", event.len());
+                    if stream.write_all(chunk.as_bytes()).await.is_err()
+                        || stream.flush().await.is_err()
+                    {
+                        let _ = ev_tx.send(SpyEvent::PeerClosed);
+                        return;
+                    }
+                }
+                let _ = ev_tx.send(SpyEvent::StreamFinished);
+                if stream.write_all(b"0\r\n\r\n").await.is_err() {
+                    let _ = ev_tx.send(SpyEvent::PeerClosed);
+                    return;
+                }
+            }
+            Behavior::Silent => {
+                // Hold the connection until the peer goes away.
+                let mut sink = [0u8; 1024];
+                while matches!(stream.read(&mut sink).await, Ok(n) if n > 0) {}
+                return;
+            }
+            Behavior::Reset => return,
+        }
+    }
+}
+
+/// Reads one HTTP/1.1 request (content-length framed) from `stream`.
+async fn read_request(stream: &mut TcpStream, buf: &mut Vec<u8>) -> Option<Captured> {
+    let head_end = loop {
+        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            break i + 4;
+        }
+        let mut chunk = [0u8; 8192];
+        let n = stream.read(&mut chunk).await.ok()?;
+        if n == 0 {
+            return None;
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    };
+    let head = String::from_utf8_lossy(&buf[..head_end - 4]).into_owned();
+    let len = head
+        .lines()
+        .skip(1)
+        .find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            k.eq_ignore_ascii_case("content-length")
+                .then(|| v.trim().parse::<usize>().ok())?
+        })
+        .unwrap_or(0);
+    while buf.len() < head_end + len {
+        let mut chunk = [0u8; 65536];
+        let n = stream.read(&mut chunk).await.ok()?;
+        if n == 0 {
+            return None;
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    }
+    let body = buf[head_end..head_end + len].to_vec();
+    buf.drain(..head_end + len);
+    Some(Captured { head, body })
+}
+
+/// A proxy running on loopback ports, stopped when dropped.
+#[derive(Debug)]
+pub struct RunningProxy {
+    /// Proxy address.
+    pub addr: SocketAddr,
+    /// Admin address.
+    pub admin: SocketAddr,
+    _stop: oneshot::Sender<()>,
+}
+
+impl RunningProxy {
+    /// Starts [`crate::run`] with `config` on `127.0.0.1:0` (proxy and admin).
+    ///
+    /// # Panics
+    /// If it cannot bind or the config is invalid.
+    #[allow(clippy::expect_used)]
+    pub async fn start(config: ProxyConfig) -> RunningProxy {
+        let mut registry = Registry::default();
+        let proxy =
+            Proxy::new(config, registry.sub_registry_with_prefix("kvgate")).expect("proxy config");
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind proxy");
+        let admin = TcpListener::bind("127.0.0.1:0").await.expect("bind admin");
+        let (addr, admin_addr) = (
+            listener.local_addr().expect("addr"),
+            admin.local_addr().expect("addr"),
+        );
+        let (stop, stopped) = oneshot::channel::<()>();
+        tokio::spawn(crate::run(
+            listener,
+            admin,
+            proxy,
+            Arc::new(registry),
+            async move {
+                let _ = stopped.await;
+            },
+        ));
+        RunningProxy {
+            addr,
+            admin: admin_addr,
+            _stop: stop,
+        }
+    }
+
+    /// `http://addr`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+}
+
+/// A loopback address where nothing listens (bound, then released).
+///
+/// # Panics
+/// If it cannot bind.
+#[allow(clippy::expect_used)]
+pub fn dead_addr() -> SocketAddr {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    l.local_addr().expect("addr")
+}

@@ -1,0 +1,135 @@
+//! `kvgate serve`: flags and config file → [`kvgate_proxy::Proxy`] → accept loops.
+
+use std::{net::SocketAddr, path::PathBuf, sync::Arc, time::Duration};
+
+use anyhow::Context;
+use kvgate_proxy::{EndpointConfig, FileConfig, Proxy, ProxyConfig, config};
+use prometheus_client::registry::Registry;
+
+/// Flags of `kvgate serve`. Routing settings live in the config file; flags cover the process
+/// and the common single-box setup.
+#[derive(Debug, clap::Args)]
+pub(crate) struct ServeArgs {
+    /// YAML config file (`listen`, `admin_listen`, `endpoints`, `models`).
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Proxy listen address [default: 0.0.0.0:8080, or the config's `listen`].
+    #[arg(long)]
+    listen: Option<SocketAddr>,
+    /// Admin listen address for /health, /ready, /metrics [default: 0.0.0.0:9090].
+    #[arg(long)]
+    admin_listen: Option<SocketAddr>,
+    /// Engine base URL, e.g. http://10.0.0.1:8000 (repeatable; added to the config's).
+    #[arg(long = "endpoint", value_name = "URL")]
+    endpoints: Vec<String>,
+    /// Model alias, ALIAS=MODEL (repeatable): requests for ALIAS reach engines as MODEL.
+    #[arg(long = "alias", value_name = "ALIAS=MODEL")]
+    aliases: Vec<String>,
+    /// Retries on another endpoint after a connect failure or reset before any response byte.
+    #[arg(long, default_value_t = 2)]
+    retries: u32,
+    /// Wait this long for an engine's response headers before answering 504 (e.g. 30s, 10m).
+    #[arg(long, default_value = "10m", value_parser = humantime::parse_duration)]
+    upstream_timeout: Duration,
+    /// Largest accepted request body in bytes; larger gets 413.
+    #[arg(long, default_value_t = 32 << 20)]
+    max_body_bytes: usize,
+    /// How often to refresh each endpoint's /v1/models (0s disables background refresh).
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    models_refresh: Duration,
+}
+
+pub(crate) fn main(args: ServeArgs) -> anyhow::Result<()> {
+    let file = match &args.config {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("reading {}", path.display()))?;
+            FileConfig::from_yaml(&text).with_context(|| format!("in {}", path.display()))?
+        }
+        None => FileConfig::default(),
+    };
+    let config = proxy_config(&args, &file)?;
+    let listen = args
+        .listen
+        .or(file.listen)
+        .unwrap_or_else(|| default_addr(config::DEFAULT_LISTEN));
+    let admin_listen = args
+        .admin_listen
+        .or(file.admin_listen)
+        .unwrap_or_else(|| default_addr(config::DEFAULT_ADMIN_LISTEN));
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    runtime.block_on(async move {
+        let mut registry = Registry::default();
+        let proxy = Proxy::new(config, registry.sub_registry_with_prefix("kvgate"))?;
+        let listener = tokio::net::TcpListener::bind(listen)
+            .await
+            .with_context(|| format!("binding {listen}"))?;
+        let admin = tokio::net::TcpListener::bind(admin_listen)
+            .await
+            .with_context(|| format!("binding admin {admin_listen}"))?;
+        tracing::info!(
+            listen = %listener.local_addr()?,
+            admin = %admin.local_addr()?,
+            endpoints = proxy.endpoints().len(),
+            "kvgate serving"
+        );
+        kvgate_proxy::run(
+            listener,
+            admin,
+            proxy,
+            Arc::new(registry),
+            shutdown_signal(),
+        )
+        .await?;
+        Ok(())
+    })
+}
+
+/// Builds the proxy config: the file first, then flags on top.
+fn proxy_config(args: &ServeArgs, file: &FileConfig) -> anyhow::Result<ProxyConfig> {
+    let mut config = ProxyConfig::default();
+    config.merge_file(file)?;
+    config.endpoints.extend(
+        args.endpoints
+            .iter()
+            .map(|url| EndpointConfig { url: url.clone() }),
+    );
+    for alias in &args.aliases {
+        config.add_alias_flag(alias)?;
+    }
+    config.retries = args.retries;
+    config.upstream_timeout = args.upstream_timeout;
+    config.max_body_bytes = args.max_body_bytes;
+    config.models_refresh = Some(args.models_refresh).filter(|d| !d.is_zero());
+    Ok(config)
+}
+
+fn default_addr(text: &str) -> SocketAddr {
+    text.parse()
+        .unwrap_or(SocketAddr::from(([0, 0, 0, 0], 8080)))
+}
+
+/// Resolves on Ctrl-C or SIGTERM.
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {},
+        () = term => {},
+    }
+}
