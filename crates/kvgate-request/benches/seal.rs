@@ -13,10 +13,11 @@ fn chat_body(size: usize) -> Bytes {
     while len < size {
         let content = format!(
             "Turn {i}: explain the KV cache of a transformer, with numbers like 1.0 and 1e2, \
-             caf\\u00e9 and café, and {{\"model\": \"not-this-one\"}} inside a string. "
+             café, and {{\"model\": \"not-this-one\"}} inside a string. "
         );
-        len += content.len() + 40;
-        messages.push(format!(r#"{{"role":"user","content":"{content}"}}"#));
+        let message = serde_json::json!({"role": "user", "content": content}).to_string();
+        len += message.len() + 1;
+        messages.push(message);
         i += 1;
     }
     let body = format!(

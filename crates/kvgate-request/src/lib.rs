@@ -23,5 +23,5 @@ pub use self::{
     api::Api,
     error::{ErrorBody, ParseError},
     request::{Field, Request, SealedRequest},
-    response::{SseModelRewriter, Usage, rewrite_model_json, usage_from_json},
+    response::{SseModelRewriter, SseUsageObserver, Usage, rewrite_model_json, usage_from_json},
 };

@@ -112,6 +112,60 @@ fn event_end(buf: &[u8]) -> Option<usize> {
     None
 }
 
+/// Watches an SSE stream for the `usage` event without holding any bytes back.
+///
+/// Only the partial event at the end of each chunk is copied (to join it with the next chunk);
+/// complete events are scanned in place, and only those mentioning `"usage"` are parsed.
+#[derive(Debug, Default)]
+pub struct SseUsageObserver {
+    partial: Vec<u8>,
+    usage: Option<Usage>,
+}
+
+impl SseUsageObserver {
+    /// A fresh observer.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Looks at the next chunk of the stream.
+    pub fn observe(&mut self, chunk: &[u8]) {
+        if self.partial.is_empty() {
+            let consumed = self.scan(chunk);
+            self.partial.extend_from_slice(&chunk[consumed..]);
+        } else {
+            self.partial.extend_from_slice(chunk);
+            let buf = std::mem::take(&mut self.partial);
+            let consumed = self.scan(&buf);
+            self.partial = buf[consumed..].to_vec();
+        }
+    }
+
+    /// The last `usage` seen so far (the final one, once the stream has ended).
+    pub fn usage(&self) -> Option<Usage> {
+        self.usage
+    }
+
+    /// Scans the complete events in `buf`; returns how many bytes they span.
+    fn scan(&mut self, buf: &[u8]) -> usize {
+        let mut consumed = 0;
+        while let Some(end) = event_end(&buf[consumed..]) {
+            let event = &buf[consumed..consumed + end];
+            if memchr::memmem::find(event, b"\"usage\"").is_some() {
+                for line in event.split(|b| *b == b'\n') {
+                    if let Some(data) = line.strip_prefix(b"data:") {
+                        if let Some(usage) = usage_from_json(data.trim_ascii()) {
+                            self.usage = Some(usage);
+                        }
+                    }
+                }
+            }
+            consumed += end;
+        }
+        consumed
+    }
+}
+
 /// Token usage an engine reports, including its prefix-cache hit.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Usage {
@@ -195,6 +249,26 @@ mod tests {
             b"data: {\"model\":\"a\"}\n\n"
         );
         assert_eq!(&rw.finish()[..], b"data: {\"mo");
+    }
+
+    #[test]
+    fn sse_usage_observer_finds_the_final_usage_across_chunks() {
+        let stream = "data: {\"choices\":[{\"delta\":{\"content\":\"usage\"}}],\"usage\":null}\n\ndata: {\"choices\":[],\"usage\":{\"prompt_tokens\":40,\"completion_tokens\":3,\"prompt_tokens_details\":{\"cached_tokens\":32}}}\r\n\r\ndata: [DONE]\n\n";
+        for split in 1..stream.len() {
+            let mut obs = SseUsageObserver::new();
+            for chunk in stream.as_bytes().chunks(split) {
+                obs.observe(chunk);
+            }
+            let want = Usage {
+                prompt_tokens: 40,
+                completion_tokens: 3,
+                cached_tokens: Some(32),
+            };
+            assert_eq!(obs.usage(), Some(want), "chunk size {split}");
+        }
+        let mut obs = SseUsageObserver::new();
+        obs.observe(b"data: {\"choices\":[]}\n\n");
+        assert_eq!(obs.usage(), None);
     }
 
     #[test]
