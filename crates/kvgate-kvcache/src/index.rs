@@ -1,0 +1,465 @@
+//! The KV-cache index: block key → endpoints holding it, with a tier each.
+//!
+//! Layout of the data:
+//! - one global `scc::HashMap<block key, Holders>` (sharded buckets; lookups take no lock that
+//!   writers hold for long, the read path is `read_sync`);
+//! - per endpoint, writer-only state behind a mutex that the scorer never touches: the
+//!   engine-hash → block-key map (so `BlockRemoved` and offload placeholders resolve), and a
+//!   CLOCK (second-chance LRU) queue that bounds the endpoint's holdings;
+//! - endpoints are interned to dense `u32` ids ([`EndpointId`]); ids are never reused.
+//!
+//! Writers: one event stream per endpoint (the subscriber task), plus routing-time inserts
+//! (speculative entries, approximate mode). See [`crate::score`] for the read side.
+
+mod apply;
+mod endpoint;
+pub(crate) mod holders;
+
+use std::collections::VecDeque;
+use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use crate::clock::{Clock, SystemClock};
+use crate::event::Tier;
+use crate::keys::{BlockKey, BlockKeys};
+use crate::metrics::{EndpointMetrics, KvMetrics};
+use endpoint::EndpointState;
+use holders::{Holders, Holding};
+
+/// Dense endpoint id, interned by [`KvIndex::register_endpoint`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct EndpointId(pub u32);
+
+/// Endpoint identity: the serving address (`ip:port`) plus the data-parallel rank, since each
+/// DP rank has its own KV cache and event stream.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct EndpointKey {
+    /// `ip:port` (or any stable name) the scheduler uses for this endpoint.
+    pub address: String,
+    /// Data-parallel rank (0 without DP).
+    pub data_parallel_rank: u32,
+}
+
+impl EndpointKey {
+    /// Key for `address` at DP rank `rank`.
+    pub fn new(address: impl Into<String>, rank: u32) -> Self {
+        EndpointKey {
+            address: address.into(),
+            data_parallel_rank: rank,
+        }
+    }
+}
+
+impl std::fmt::Display for EndpointKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}#{}", self.address, self.data_parallel_rank)
+    }
+}
+
+/// What the index needs to know about an endpoint.
+#[derive(Debug, Clone)]
+pub struct EndpointSpec {
+    /// Identity.
+    pub key: EndpointKey,
+    /// Base model served (folded into block 0 unless an event names a LoRA adapter).
+    pub model: String,
+    /// Router block size for this endpoint's model (usually the engine's `block_size`).
+    pub block_size: u32,
+    /// LRU bound in holdings; `None` = [`IndexConfig::default_capacity_blocks`]. In approximate
+    /// mode set it to the engine's `num_gpu_blocks`.
+    pub capacity_blocks: Option<usize>,
+}
+
+/// Scoring weight per tier.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TierWeights {
+    /// GPU weight (default 1.0).
+    pub gpu: f64,
+    /// CPU weight (default 0.8).
+    pub cpu: f64,
+    /// Disk/storage weight (default 0.5).
+    pub disk: f64,
+}
+
+impl Default for TierWeights {
+    fn default() -> Self {
+        TierWeights {
+            gpu: 1.0,
+            cpu: 0.8,
+            disk: 0.5,
+        }
+    }
+}
+
+impl TierWeights {
+    pub(crate) fn of(&self, tier: u8) -> f64 {
+        match Tier::from_bits(tier) {
+            Tier::Gpu => self.gpu,
+            Tier::Cpu => self.cpu,
+            Tier::Disk => self.disk,
+        }
+    }
+}
+
+/// Index configuration.
+#[derive(Debug, Clone)]
+pub struct IndexConfig {
+    /// Per-endpoint holding bound when the spec gives none (default 1,048,576).
+    pub default_capacity_blocks: usize,
+    /// Lifetime of speculative entries (default 2 s).
+    pub speculative_ttl: Duration,
+    /// Tier weights used by scoring.
+    pub tier_weights: TierWeights,
+    /// Skip runs of blocks with identical holder sets by galloping (default true). Exact when
+    /// holdings are prefix-closed per endpoint; set false for a strict block-by-block walk.
+    pub gallop: bool,
+}
+
+impl Default for IndexConfig {
+    fn default() -> Self {
+        IndexConfig {
+            default_capacity_blocks: 1 << 20,
+            speculative_ttl: Duration::from_secs(2),
+            tier_weights: TierWeights::default(),
+            gallop: true,
+        }
+    }
+}
+
+/// Size snapshot of the index.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct IndexStats {
+    /// Distinct block keys.
+    pub blocks: usize,
+    /// Real (block, endpoint, tier) holdings, speculative ones excluded.
+    pub holdings: usize,
+    /// Registered endpoints.
+    pub endpoints: usize,
+    /// Estimate of bytes used, from container capacities (see [`KvIndex::stats`]).
+    pub estimated_bytes: usize,
+}
+
+/// Cheap mixer for keys that are already hashes (block keys, engine hashes).
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct KeyHasher(u64);
+
+impl Hasher for KeyHasher {
+    fn finish(&self) -> u64 {
+        let h = (self.0 ^ (self.0 >> 29)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        h ^ (h >> 32)
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ u64::from(*b)).wrapping_mul(0x100_0000_01b3);
+        }
+    }
+
+    fn write_u64(&mut self, v: u64) {
+        self.0 ^= v;
+    }
+}
+
+pub(crate) type BuildKeyHasher = BuildHasherDefault<KeyHasher>;
+pub(crate) type BlockMap = scc::HashMap<u64, Holders, BuildKeyHasher>;
+
+/// Handle to the shared index; clones are cheap and refer to the same index.
+#[derive(Debug, Clone)]
+pub struct KvIndex {
+    pub(crate) inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+pub(crate) struct Inner {
+    pub(crate) blocks: BlockMap,
+    endpoints: scc::HashMap<u32, Arc<EndpointSlot>>,
+    by_key: scc::HashMap<EndpointKey, u32>,
+    next_id: AtomicU32,
+    /// Speculative insertions in deadline order: (deadline, endpoint, key).
+    spec_queue: Mutex<VecDeque<(u32, u32, u64)>>,
+    pub(crate) config: IndexConfig,
+    pub(crate) clock: Arc<dyn Clock>,
+    pub(crate) metrics: KvMetrics,
+}
+
+/// One registered endpoint.
+#[derive(Debug)]
+pub(crate) struct EndpointSlot {
+    pub(crate) id: u32,
+    pub(crate) spec: EndpointSpec,
+    pub(crate) label: String,
+    pub(crate) metrics: EndpointMetrics,
+    pub(crate) degraded: AtomicBool,
+    pub(crate) state: Mutex<EndpointState>,
+}
+
+impl EndpointSlot {
+    /// Locks the writer state; a poisoned lock is recovered (the state stays consistent
+    /// enough: at worst some holdings are not accounted and age out).
+    pub(crate) fn lock(&self) -> MutexGuard<'_, EndpointState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+impl KvIndex {
+    /// An empty index on the system clock.
+    pub fn new(config: IndexConfig, metrics: KvMetrics) -> Self {
+        Self::with_clock(config, metrics, Arc::new(SystemClock::new()))
+    }
+
+    /// An empty index on an injected clock.
+    pub fn with_clock(config: IndexConfig, metrics: KvMetrics, clock: Arc<dyn Clock>) -> Self {
+        KvIndex {
+            inner: Arc::new(Inner {
+                blocks: BlockMap::default(),
+                endpoints: scc::HashMap::default(),
+                by_key: scc::HashMap::default(),
+                next_id: AtomicU32::new(0),
+                spec_queue: Mutex::new(VecDeque::new()),
+                config,
+                clock,
+                metrics,
+            }),
+        }
+    }
+
+    /// The metrics this index reports to.
+    pub fn metrics(&self) -> &KvMetrics {
+        &self.inner.metrics
+    }
+
+    /// Registers an endpoint, or returns the id it already has.
+    pub fn register_endpoint(&self, spec: EndpointSpec) -> EndpointId {
+        if let Some(id) = self.inner.by_key.read_sync(&spec.key, |_, id| *id) {
+            return EndpointId(id);
+        }
+        let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
+        match self.inner.by_key.entry_sync(spec.key.clone()) {
+            scc::hash_map::Entry::Occupied(o) => return EndpointId(*o.get()),
+            scc::hash_map::Entry::Vacant(v) => {
+                let label = spec.key.to_string();
+                let capacity = spec
+                    .capacity_blocks
+                    .unwrap_or(self.inner.config.default_capacity_blocks);
+                let slot = EndpointSlot {
+                    id,
+                    metrics: self.inner.metrics.endpoint(&label),
+                    label,
+                    degraded: AtomicBool::new(false),
+                    state: Mutex::new(EndpointState::new(capacity)),
+                    spec,
+                };
+                let _ = self.inner.endpoints.insert_sync(id, Arc::new(slot));
+                v.insert_entry(id);
+            }
+        }
+        EndpointId(id)
+    }
+
+    /// The id of a registered endpoint.
+    pub fn endpoint_id(&self, key: &EndpointKey) -> Option<EndpointId> {
+        self.inner.by_key.read_sync(key, |_, id| EndpointId(*id))
+    }
+
+    /// The identity of a registered endpoint.
+    pub fn endpoint_key(&self, id: EndpointId) -> Option<EndpointKey> {
+        self.slot(id).map(|s| s.spec.key.clone())
+    }
+
+    pub(crate) fn slot(&self, id: EndpointId) -> Option<Arc<EndpointSlot>> {
+        self.inner.endpoints.read_sync(&id.0, |_, s| Arc::clone(s))
+    }
+
+    /// Unregisters an endpoint and drops all its holdings. Its speculative entries expire on
+    /// their own.
+    pub fn remove_endpoint(&self, id: EndpointId) {
+        let Some((_, slot)) = self.inner.endpoints.remove_sync(&id.0) else {
+            return;
+        };
+        let _ = self.inner.by_key.remove_sync(&slot.spec.key);
+        endpoint::drop_all(&self.inner.blocks, &slot, &mut slot.lock());
+        self.inner.metrics.remove_endpoint(&slot.label);
+    }
+
+    /// Drops all holdings of an endpoint (engine restart, `AllBlocksCleared`).
+    pub fn clear_endpoint(&self, id: EndpointId) {
+        if let Some(slot) = self.slot(id) {
+            endpoint::drop_all(&self.inner.blocks, &slot, &mut slot.lock());
+        }
+    }
+
+    /// Changes an endpoint's holding bound (e.g. from `num_gpu_blocks`), evicting if needed.
+    pub fn set_capacity(&self, id: EndpointId, blocks: usize) {
+        if let Some(slot) = self.slot(id) {
+            let mut st = slot.lock();
+            st.capacity = blocks;
+            endpoint::evict_to_capacity(&self.inner.blocks, &slot, &mut st);
+        }
+    }
+
+    /// Marks an endpoint's index as possibly incomplete (or complete again).
+    pub fn set_degraded(&self, id: EndpointId, degraded: bool) {
+        if let Some(slot) = self.slot(id) {
+            slot.degraded.store(degraded, Ordering::Relaxed);
+            slot.metrics.degraded.set(i64::from(degraded));
+        }
+    }
+
+    /// True when the endpoint's index may be missing events.
+    pub fn is_degraded(&self, id: EndpointId) -> bool {
+        self.slot(id)
+            .is_some_and(|s| s.degraded.load(Ordering::Relaxed))
+    }
+
+    /// Approximate mode: records that `keys` were routed to `id` (real GPU holdings, aged by
+    /// the endpoint's LRU bound).
+    pub fn record_routing(&self, id: EndpointId, keys: &BlockKeys) {
+        let Some(slot) = self.slot(id) else { return };
+        let mut st = slot.lock();
+        // Tails first, so LRU eviction keeps the holdings prefix-closed.
+        for k in keys.keys.iter().rev() {
+            endpoint::add_holding(&self.inner.blocks, &slot, &mut st, k.0, Tier::Gpu);
+        }
+        endpoint::evict_to_capacity(&self.inner.blocks, &slot, &mut st);
+    }
+
+    /// Inserts speculative holdings of `keys` for `id` (after the endpoint was picked), valid
+    /// for [`IndexConfig::speculative_ttl`]. Keys the endpoint already holds for real are left
+    /// alone; a `BlockStored` for a key turns its speculative holding into a real one.
+    pub fn insert_speculative(&self, id: EndpointId, keys: &BlockKeys) {
+        let now = self.inner.clock.now_ms();
+        let ttl = self.inner.config.speculative_ttl.as_millis() as u64;
+        let deadline = now.wrapping_add(ttl.max(1)) as u32;
+        let mut queued = Vec::with_capacity(keys.len());
+        for k in &keys.keys {
+            let new = Holding::speculative(id.0, deadline);
+            let inserted = match self.inner.blocks.entry_sync(k.0) {
+                scc::hash_map::Entry::Vacant(v) => {
+                    v.insert_entry(Holders::One(new));
+                    true
+                }
+                scc::hash_map::Entry::Occupied(mut o) => {
+                    let h = o.get_mut();
+                    let range = h.range_of(id.0);
+                    let existing: Vec<(usize, Holding)> =
+                        range.filter_map(|i| h.get(i).map(|x| (i, x))).collect();
+                    match existing.as_slice() {
+                        [] => {
+                            h.insert(new);
+                            true
+                        }
+                        [(i, x)] if x.is_speculative() => {
+                            h.set(*i, new);
+                            true
+                        }
+                        _ => false,
+                    }
+                }
+            };
+            if inserted {
+                queued.push((deadline, id.0, k.0));
+            }
+        }
+        let mut q = self
+            .inner
+            .spec_queue
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        q.extend(queued);
+    }
+
+    /// Removes expired speculative holdings; returns how many were removed. Lookups already
+    /// ignore expired entries, so this only reclaims memory; run it periodically.
+    pub fn sweep_expired(&self) -> usize {
+        let now = self.inner.clock.now_ms() as u32;
+        let mut removed = 0;
+        loop {
+            let next = {
+                let mut q = self
+                    .inner
+                    .spec_queue
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner());
+                match q.front() {
+                    Some(&(deadline, _, _)) if (now.wrapping_sub(deadline) as i32) >= 0 => {
+                        q.pop_front()
+                    }
+                    _ => None,
+                }
+            };
+            let Some((deadline, ep, key)) = next else {
+                break;
+            };
+            let gone = self.inner.blocks.remove_if_sync(&key, |h| {
+                if let Some(i) = h.find(ep, Tier::Gpu as u8)
+                    && h.get(i)
+                        .is_some_and(|x| x.is_speculative() && x.deadline == deadline)
+                {
+                    removed += 1;
+                    return !h.remove(i);
+                }
+                false
+            });
+            let _ = gone;
+        }
+        removed
+    }
+
+    /// Real holdings of one endpoint.
+    pub fn holdings(&self, id: EndpointId) -> usize {
+        self.slot(id).map_or(0, |s| s.lock().live)
+    }
+
+    /// The (key, tier) holdings of one endpoint, sorted (debugging and tests; O(holdings)).
+    pub fn endpoint_blocks(&self, id: EndpointId) -> Vec<(BlockKey, Tier)> {
+        let Some(slot) = self.slot(id) else {
+            return Vec::new();
+        };
+        let st = slot.lock();
+        let mut out = Vec::new();
+        for key in st.lru.iter() {
+            self.inner.blocks.read_sync(key, |_, h| {
+                for x in h
+                    .as_slice()
+                    .iter()
+                    .filter(|x| x.ep == id.0 && !x.is_speculative())
+                {
+                    out.push((BlockKey(*key), Tier::from_bits(x.tier)));
+                }
+            });
+        }
+        out.sort_unstable();
+        out.dedup();
+        out
+    }
+
+    /// Size snapshot. `estimated_bytes` adds the block map's capacity × entry size, the heap
+    /// of multi-holder sets, and each endpoint's engine map and LRU queue capacities; it also
+    /// updates the `kvgate_kv_index_bytes` gauge.
+    pub fn stats(&self) -> IndexStats {
+        let mut s = IndexStats {
+            blocks: self.inner.blocks.len(),
+            ..IndexStats::default()
+        };
+        let mut bytes = self.inner.blocks.capacity() * (std::mem::size_of::<(u64, Holders)>() + 1);
+        self.inner.blocks.iter_sync(|_, h| {
+            bytes += h.heap_bytes();
+            true
+        });
+        self.inner.endpoints.iter_sync(|_, slot| {
+            let st = slot.lock();
+            s.endpoints += 1;
+            s.holdings += st.live;
+            bytes += st.heap_bytes();
+            true
+        });
+        s.estimated_bytes = bytes;
+        self.inner.metrics.set_index_bytes(bytes as u64);
+        s
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,515 @@
+use std::sync::Arc;
+
+use super::*;
+use crate::clock::ManualClock;
+use crate::event::{BlockHash, BlockRemoved, BlockStored, ExtraKey, KvEvent, KvEventBatch};
+use crate::keys::{KeyScope, MmSpan, block_keys, block_keys_with_mm};
+
+const M: &str = "meta-llama/Llama-3.1-8B-Instruct";
+
+fn index_with(clock: ManualClock, capacity: usize) -> KvIndex {
+    let cfg = IndexConfig {
+        default_capacity_blocks: capacity,
+        ..IndexConfig::default()
+    };
+    KvIndex::with_clock(cfg, KvMetrics::unregistered(), Arc::new(clock))
+}
+
+fn index() -> KvIndex {
+    index_with(ManualClock::new(1_000), 1 << 20)
+}
+
+fn ep(ix: &KvIndex, name: &str) -> EndpointId {
+    ix.register_endpoint(EndpointSpec {
+        key: EndpointKey::new(name, 0),
+        model: M.into(),
+        block_size: 16,
+        capacity_blocks: None,
+    })
+}
+
+fn stored(hashes: &[u64], parent: Option<u64>, tokens: std::ops::Range<u32>) -> BlockStored {
+    BlockStored {
+        block_hashes: hashes.iter().map(|h| BlockHash::Int(*h)).collect(),
+        parent_block_hash: parent.map(BlockHash::Int),
+        token_ids: tokens.collect(),
+        block_size: 16,
+        medium: Some("GPU".into()),
+        ..Default::default()
+    }
+}
+
+fn keys_of(ix: &KvIndex, id: EndpointId) -> Vec<BlockKey> {
+    ix.endpoint_blocks(id)
+        .into_iter()
+        .filter(|(_, t)| *t == Tier::Gpu)
+        .map(|(k, _)| k)
+        .collect()
+}
+
+fn sorted(mut v: Vec<BlockKey>) -> Vec<BlockKey> {
+    v.sort_unstable();
+    v
+}
+
+#[test]
+fn event_keys_equal_request_keys() {
+    let ix = index();
+    let a = ep(&ix, "a");
+    ix.apply_event(
+        a,
+        &KvEvent::BlockStored(stored(&[101, 102, 103], None, 1..49)),
+    );
+    // Continuation chained through the parent engine hash.
+    ix.apply_event(a, &KvEvent::BlockStored(stored(&[104], Some(103), 49..65)));
+    let toks: Vec<u32> = (1..65).collect();
+    let want = block_keys(
+        &toks,
+        16,
+        KeyScope {
+            model: M,
+            cache_salt: None,
+        },
+    );
+    assert_eq!(keys_of(&ix, a), sorted(want.keys.clone()));
+    let s = ix.score(&want, &[a]);
+    assert_eq!(
+        s.get(a)
+            .map(|e| (e.matched_blocks, e.predicted_cached_tokens)),
+        Some((4, 64))
+    );
+    assert_eq!(s.score_of(a), 1.0);
+}
+
+#[test]
+fn extra_keys_classification_matches_request_side() {
+    let toks: Vec<u32> = (1..33).collect();
+    let s = |x: &str| ExtraKey::Str(x.into());
+    let mm = |id: &str, off| ExtraKey::Mm {
+        identifier: id.into(),
+        offset: off,
+    };
+    let img = MmSpan {
+        identifier: "img".into(),
+        offset: 3,
+        length: 20,
+    };
+    // (name, lora_name, extra_keys, request model, request salt, request mm)
+    type Case = (
+        &'static str,
+        Option<&'static str>,
+        Option<Vec<Option<Vec<ExtraKey>>>>,
+        &'static str,
+        Option<&'static str>,
+        Vec<MmSpan>,
+    );
+    let cases: Vec<Case> = vec![
+        ("plain", None, None, M, None, vec![]),
+        ("nil extras", None, Some(vec![None, None]), M, None, vec![]),
+        (
+            "lora name stripped, model = adapter",
+            Some("ad"),
+            Some(vec![Some(vec![s("ad")]), Some(vec![s("ad")])]),
+            "ad",
+            None,
+            vec![],
+        ),
+        (
+            "salt in block 0",
+            None,
+            Some(vec![Some(vec![s("salty")]), None]),
+            M,
+            Some("salty"),
+            vec![],
+        ),
+        (
+            "lora + salt",
+            Some("ad"),
+            Some(vec![Some(vec![s("ad"), s("salty")]), Some(vec![s("ad")])]),
+            "ad",
+            Some("salty"),
+            vec![],
+        ),
+        (
+            "mm over two blocks",
+            None,
+            Some(vec![Some(vec![mm("img", 3)]), Some(vec![mm("img", -13)])]),
+            M,
+            None,
+            vec![img.clone()],
+        ),
+        (
+            "lora + mm + salt",
+            Some("ad"),
+            Some(vec![
+                Some(vec![s("ad"), mm("img", 3), s("salty")]),
+                Some(vec![s("ad"), mm("img", -13)]),
+            ]),
+            "ad",
+            Some("salty"),
+            vec![img.clone()],
+        ),
+    ];
+    for (name, lora, extra, model, salt, mms) in cases {
+        let ix = index();
+        let a = ep(&ix, "a");
+        let mut ev = stored(&[1, 2], None, 1..33);
+        ev.lora_name = lora.map(str::to_owned);
+        ev.extra_keys = extra;
+        ix.apply_event(a, &KvEvent::BlockStored(ev));
+        let want = block_keys_with_mm(
+            &toks,
+            16,
+            KeyScope {
+                model,
+                cache_salt: salt,
+            },
+            &mms,
+        );
+        assert_eq!(keys_of(&ix, a), sorted(want.keys.clone()), "{name}");
+        assert_eq!(
+            ix.score(&want, &[a]).get(a).map(|e| e.matched_blocks),
+            Some(2),
+            "{name}"
+        );
+    }
+}
+
+#[test]
+fn removal_placeholders_clear_and_groups() {
+    let toks: Vec<u32> = (1..49).collect();
+    let keys = block_keys(
+        &toks,
+        16,
+        KeyScope {
+            model: M,
+            cache_salt: None,
+        },
+    );
+    let setup = || {
+        let ix = index();
+        let a = ep(&ix, "a");
+        ix.apply_event(
+            a,
+            &KvEvent::BlockStored(stored(&[101, 102, 103], None, 1..49)),
+        );
+        (ix, a)
+    };
+    let removed = |hashes: &[u64], medium: &str| {
+        KvEvent::BlockRemoved(BlockRemoved {
+            block_hashes: hashes.iter().map(|h| BlockHash::Int(*h)).collect(),
+            medium: Some(medium.into()),
+            ..Default::default()
+        })
+    };
+    let cpu_placeholder = KvEvent::BlockStored(BlockStored {
+        block_hashes: vec![BlockHash::Int(101), BlockHash::Int(102)],
+        medium: Some("CPU".into()),
+        ..Default::default()
+    });
+    let mut sliding = stored(&[201], None, 1..17);
+    sliding.kv_cache_spec_kind = Some("sliding_window".into());
+    sliding.group_idx = Some(1);
+    let sliding_removed = KvEvent::BlockRemoved(BlockRemoved {
+        block_hashes: vec![BlockHash::Int(101)],
+        group_idx: Some(1),
+        ..Default::default()
+    });
+    // (name, events, want matched blocks, want score ×100, want holdings)
+    let cases: Vec<(&str, Vec<KvEvent>, u32, u32, usize)> = vec![
+        ("stored only", vec![], 3, 100, 3),
+        (
+            "remove middle block stops the prefix",
+            vec![removed(&[102], "GPU")],
+            1,
+            33,
+            2,
+        ),
+        (
+            "remove unknown hash is ignored",
+            vec![removed(&[999], "GPU")],
+            3,
+            100,
+            3,
+        ),
+        (
+            "cpu placeholder adds a tier",
+            vec![cpu_placeholder.clone()],
+            3,
+            100,
+            5,
+        ),
+        (
+            "gpu evicted, cpu copy remains",
+            vec![cpu_placeholder.clone(), removed(&[101, 102], "GPU")],
+            3,
+            87,
+            3,
+        ),
+        (
+            "cpu removal after gpu removal drops all",
+            vec![
+                cpu_placeholder,
+                removed(&[101], "GPU"),
+                removed(&[101], "CPU"),
+            ],
+            0,
+            0,
+            3,
+        ),
+        (
+            "all blocks cleared",
+            vec![KvEvent::AllBlocksCleared],
+            0,
+            0,
+            0,
+        ),
+        (
+            "non-full-attention group ignored",
+            vec![KvEvent::BlockStored(sliding.clone()), sliding_removed],
+            3,
+            100,
+            3,
+        ),
+        (
+            "unknown parent skipped",
+            vec![KvEvent::BlockStored(stored(&[301], Some(999), 49..65))],
+            3,
+            100,
+            3,
+        ),
+    ];
+    for (name, events, want_blocks, want_pct, want_holdings) in cases {
+        let (ix, a) = setup();
+        ix.apply_batch(
+            a,
+            &KvEventBatch {
+                ts: 0.0,
+                events,
+                data_parallel_rank: Some(0),
+            },
+        );
+        let s = ix.score(&keys, &[a]);
+        let got = s.get(a).map_or((0, 0), |e| {
+            (e.matched_blocks, (e.score * 100.0).round() as u32)
+        });
+        assert_eq!(got, (want_blocks, want_pct), "{name}");
+        assert_eq!(ix.holdings(a), want_holdings, "{name}");
+    }
+}
+
+#[test]
+fn speculative_entries_expire_or_become_real() {
+    let clock = ManualClock::new(10_000);
+    let ix = index_with(clock.clone(), 1 << 20);
+    let (a, b) = (ep(&ix, "a"), ep(&ix, "b"));
+    let toks: Vec<u32> = (1..33).collect();
+    let keys = block_keys(
+        &toks,
+        16,
+        KeyScope {
+            model: M,
+            cache_salt: None,
+        },
+    );
+    ix.insert_speculative(a, &keys);
+    ix.insert_speculative(b, &keys);
+    assert_eq!(ix.score(&keys, &[a, b]).endpoints.len(), 2);
+    // b's event confirms its blocks.
+    ix.apply_event(b, &KvEvent::BlockStored(stored(&[1, 2], None, 1..33)));
+    clock.advance(1_999);
+    assert_eq!(
+        ix.score(&keys, &[a]).get(a).map(|e| e.matched_blocks),
+        Some(2),
+        "still valid"
+    );
+    clock.advance(1);
+    assert_eq!(ix.score(&keys, &[a]).get(a), None, "expired at lookup");
+    assert_eq!(
+        ix.score(&keys, &[b]).get(b).map(|e| e.matched_blocks),
+        Some(2),
+        "confirmed stays"
+    );
+    assert_eq!(ix.sweep_expired(), 2, "a's two speculative holdings");
+    assert_eq!(ix.stats().blocks, 2);
+    assert_eq!(ix.holdings(a), 0);
+    assert_eq!(ix.holdings(b), 2);
+}
+
+#[test]
+fn approximate_mode_lru() {
+    let ix = index();
+    let a = ix.register_endpoint(EndpointSpec {
+        key: EndpointKey::new("a", 0),
+        model: M.into(),
+        block_size: 16,
+        capacity_blocks: Some(4),
+    });
+    let prompt = |base: u32| {
+        block_keys(
+            &(base..base + 32).collect::<Vec<_>>(),
+            16,
+            KeyScope {
+                model: M,
+                cache_salt: None,
+            },
+        )
+    };
+    let (p1, p2, p3) = (prompt(0), prompt(1000), prompt(2000));
+    ix.record_routing(a, &p1);
+    ix.record_routing(a, &p2);
+    ix.record_routing(a, &p1); // touch p1: second chance
+    ix.record_routing(a, &p3); // over capacity: p2 (least recently used) goes
+    assert_eq!(ix.holdings(a), 4);
+    let matched = |p: &BlockKeys| ix.score(p, &[a]).get(a).map_or(0, |e| e.matched_blocks);
+    assert_eq!((matched(&p1), matched(&p2), matched(&p3)), (2, 0, 2));
+    ix.set_capacity(a, 1);
+    assert_eq!(ix.holdings(a), 1);
+}
+
+#[test]
+fn dp_ranks_are_distinct_endpoints_and_removal_drops_holdings() {
+    let ix = index();
+    let r0 = ix.register_endpoint(EndpointSpec {
+        key: EndpointKey::new("h:1", 0),
+        model: M.into(),
+        block_size: 16,
+        capacity_blocks: None,
+    });
+    let r1 = ix.register_endpoint(EndpointSpec {
+        key: EndpointKey::new("h:1", 1),
+        model: M.into(),
+        block_size: 16,
+        capacity_blocks: None,
+    });
+    assert_ne!(r0, r1);
+    assert_eq!(
+        ix.register_endpoint(EndpointSpec {
+            key: EndpointKey::new("h:1", 1),
+            model: M.into(),
+            block_size: 16,
+            capacity_blocks: None
+        }),
+        r1
+    );
+    ix.apply_event(r1, &KvEvent::BlockStored(stored(&[1], None, 1..17)));
+    assert_eq!((ix.holdings(r0), ix.holdings(r1)), (0, 1));
+    ix.remove_endpoint(r1);
+    assert_eq!(ix.stats().blocks, 0);
+    assert_eq!(ix.endpoint_id(&EndpointKey::new("h:1", 1)), None);
+}
+
+/// Reference scorer: the plain per-block walk, no fingerprints.
+fn naive(ix: &KvIndex, keys: &BlockKeys, cands: &[EndpointId]) -> Vec<(u32, u32, i64)> {
+    let w = ix.inner.config.tier_weights;
+    let mut out = Vec::new();
+    for c in cands {
+        let (mut blocks, mut score) = (0u32, 0.0);
+        for k in &keys.keys {
+            let best = ix.inner.blocks.read_sync(&k.0, |_, h| {
+                h.as_slice()
+                    .iter()
+                    .filter(|x| x.ep == c.0 && !x.is_expired(1_000))
+                    .map(|x| w.of(x.tier))
+                    .fold(None, |b: Option<f64>, x| Some(b.map_or(x, |b| b.max(x))))
+            });
+            match best.flatten() {
+                Some(x) => {
+                    blocks += 1;
+                    score += x;
+                }
+                None => break,
+            }
+        }
+        if blocks > 0 {
+            out.push((c.0, blocks, (score * 1e6).round() as i64));
+        }
+    }
+    out
+}
+
+#[test]
+fn fingerprint_walk_equals_naive_walk() {
+    let mut rng = 0x1234_5678_9abc_def0u64;
+    let mut next = move || {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng
+    };
+    for round in 0..60 {
+        // Even rounds: strict walk over holdings with holes. Odd rounds: galloping over
+        // prefix-closed holdings (its documented precondition).
+        let exact = round % 2 == 0;
+        let cfg = IndexConfig {
+            gallop: !exact,
+            ..IndexConfig::default()
+        };
+        let ix = KvIndex::with_clock(
+            cfg,
+            KvMetrics::unregistered(),
+            Arc::new(ManualClock::new(1_000)),
+        );
+        let eps: Vec<EndpointId> = (0..8).map(|i| ep(&ix, &format!("e{i}"))).collect();
+        let toks: Vec<u32> = (0..16 * 40).map(|i| i as u32 + round * 7).collect();
+        let keys = block_keys(
+            &toks,
+            16,
+            KeyScope {
+                model: M,
+                cache_salt: None,
+            },
+        );
+        // Each endpoint holds a random prefix, with random tiers and random holes.
+        for e in &eps {
+            let len = (next() % 41) as usize;
+            let gpu_until = (next() % 41) as usize;
+            let cpu_until = gpu_until + (next() % 41) as usize;
+            for (i, k) in keys.keys[..len].iter().enumerate() {
+                if exact && next() % 17 == 0 {
+                    continue;
+                }
+                // Gallop rounds: each tier prefix-closed (GPU run, then CPU, then disk), as engine
+                // caches evict chain tails first.
+                let tier = if exact {
+                    match next() % 5 {
+                        0 => Tier::Cpu,
+                        1 => Tier::Disk,
+                        _ => Tier::Gpu,
+                    }
+                } else if i < gpu_until {
+                    Tier::Gpu
+                } else if i < cpu_until {
+                    Tier::Cpu
+                } else {
+                    Tier::Disk
+                };
+                let slot = ix.slot(*e).unwrap();
+                endpoint::add_holding(&ix.inner.blocks, &slot, &mut slot.lock(), k.0, tier);
+                if exact && i % 9 == 0 && next() % 2 == 0 {
+                    endpoint::add_holding(
+                        &ix.inner.blocks,
+                        &slot,
+                        &mut slot.lock(),
+                        k.0,
+                        Tier::Gpu,
+                    );
+                }
+            }
+        }
+        let cands: Vec<EndpointId> = eps.iter().copied().filter(|_| next() % 4 != 0).collect();
+        let got: Vec<(u32, u32, i64)> = ix
+            .score(&keys, &cands)
+            .endpoints
+            .iter()
+            .map(|e| {
+                (
+                    e.endpoint.0,
+                    e.matched_blocks,
+                    (e.score * 40.0 * 1e6).round() as i64,
+                )
+            })
+            .collect();
+        assert_eq!(got, naive(&ix, &keys, &cands), "round {round}");
+    }
+}

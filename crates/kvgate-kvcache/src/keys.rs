@@ -1,0 +1,289 @@
+//! Router-owned block keys.
+//!
+//! A block key is XXH3-64 over `parent key (8 bytes LE) ‖ the block's token ids (4 bytes LE
+//! each) ‖ [extra marker ‖ extra hashes]`. The parent of block 0 is a *root* key that folds in
+//! the model name (base model or LoRA adapter name) and the request's `cache_salt`. Only full
+//! blocks get a key; the partial tail is ignored.
+//!
+//! The engine's own hash is never reproduced: the index recomputes these keys from the token
+//! ids carried by `BlockStored` events (see [`crate::KvIndex`]), so request-side and event-side
+//! keys agree whatever hash algorithm or seed the engine uses.
+
+use xxhash_rust::xxh3::xxh3_64;
+
+/// Domain separator of the root key, bumped if the key scheme ever changes.
+const ROOT_DOMAIN: &[u8] = b"kvgate/block-key/v1";
+/// Separates the token bytes from the per-block extra hashes.
+const EXTRA_MARKER: u64 = 0x6b76_6761_7465_5845; // "kvgateXE"
+
+/// A router block key (XXH3-64 chain over token ids).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct BlockKey(pub u64);
+
+/// The block keys of one prompt, with the block size they were computed for.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct BlockKeys {
+    /// One key per full block, in prompt order.
+    pub keys: Vec<BlockKey>,
+    /// Tokens per block.
+    pub block_size: u32,
+}
+
+impl BlockKeys {
+    /// Number of full blocks.
+    pub fn len(&self) -> usize {
+        self.keys.len()
+    }
+
+    /// True when the prompt has no full block.
+    pub fn is_empty(&self) -> bool {
+        self.keys.is_empty()
+    }
+}
+
+/// A multimodal item's placeholder range in the prompt (vLLM `mm_placeholders` plus the
+/// item's identifier from `mm_hashes`).
+///
+/// Every block overlapping `[offset, offset + length)` gets the identifier folded into its key,
+/// matching the `[identifier, offset]` entries vLLM publishes in `extra_keys`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MmSpan {
+    /// The item's identifier (`mm_hashes` entry).
+    pub identifier: String,
+    /// Index of the item's first placeholder token.
+    pub offset: usize,
+    /// Number of placeholder tokens.
+    pub length: usize,
+}
+
+/// What identifies a prompt's key chain besides its tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KeyScope<'a> {
+    /// Model the engine runs the request as: the LoRA adapter name for LoRA requests, else the
+    /// base model name.
+    pub model: &'a str,
+    /// The request's `cache_salt`, if any.
+    pub cache_salt: Option<&'a str>,
+}
+
+/// The root key (parent of block 0) for a model and an optional cache salt.
+pub fn root_key(scope: KeyScope<'_>) -> BlockKey {
+    let mut buf = Vec::with_capacity(ROOT_DOMAIN.len() + scope.model.len() + 32);
+    buf.extend_from_slice(ROOT_DOMAIN);
+    buf.extend_from_slice(&(scope.model.len() as u64).to_le_bytes());
+    buf.extend_from_slice(scope.model.as_bytes());
+    match scope.cache_salt {
+        Some(salt) => {
+            buf.push(1);
+            buf.extend_from_slice(&(salt.len() as u64).to_le_bytes());
+            buf.extend_from_slice(salt.as_bytes());
+        }
+        None => buf.push(0),
+    }
+    BlockKey(xxh3_64(&buf))
+}
+
+/// Hash of one extra-key item (an MM identifier or another opaque taint string).
+pub(crate) fn extra_hash(bytes: &[u8]) -> u64 {
+    xxh3_64(bytes) ^ EXTRA_MARKER
+}
+
+/// Chains one block: `xxh3(parent ‖ tokens ‖ [marker ‖ extras])`, using `buf` as scratch space
+/// so no allocation happens per block once `buf` has grown.
+pub(crate) fn chain_key(
+    parent: BlockKey,
+    tokens: &[u32],
+    extras: &[u64],
+    buf: &mut Vec<u8>,
+) -> BlockKey {
+    let tok_end = 8 + 4 * tokens.len();
+    let len = if extras.is_empty() {
+        tok_end
+    } else {
+        tok_end + 8 + 8 * extras.len()
+    };
+    buf.resize(len, 0);
+    let (head, rest) = buf.split_at_mut(8);
+    head.copy_from_slice(&parent.0.to_le_bytes());
+    let (tok_bytes, extra_bytes) = rest.split_at_mut(4 * tokens.len());
+    for (dst, t) in tok_bytes.chunks_exact_mut(4).zip(tokens) {
+        dst.copy_from_slice(&t.to_le_bytes());
+    }
+    if !extras.is_empty() {
+        let mut words = extra_bytes.chunks_exact_mut(8);
+        for (dst, v) in (&mut words).zip(std::iter::once(&EXTRA_MARKER).chain(extras)) {
+            dst.copy_from_slice(&v.to_le_bytes());
+        }
+    }
+    BlockKey(xxh3_64(buf))
+}
+
+/// Computes the block keys of a text-only prompt.
+///
+/// `block_size` 0 yields no keys.
+pub fn block_keys(tokens: &[u32], block_size: u32, scope: KeyScope<'_>) -> BlockKeys {
+    block_keys_with_mm(tokens, block_size, scope, &[])
+}
+
+/// Computes the block keys of a prompt with multimodal placeholder ranges.
+///
+/// The spans may come in any order; identifiers are folded into overlapping blocks in order of
+/// their offsets, as vLLM does.
+pub fn block_keys_with_mm(
+    tokens: &[u32],
+    block_size: u32,
+    scope: KeyScope<'_>,
+    mm: &[MmSpan],
+) -> BlockKeys {
+    let bs = block_size as usize;
+    if bs == 0 {
+        return BlockKeys {
+            keys: Vec::new(),
+            block_size,
+        };
+    }
+    let n = tokens.len() / bs;
+    let mut keys = Vec::with_capacity(n);
+    let mut buf = Vec::with_capacity(8 + 4 * bs + 64);
+    let mut spans: Vec<(&MmSpan, u64)> = mm
+        .iter()
+        .map(|s| (s, extra_hash(s.identifier.as_bytes())))
+        .collect();
+    spans.sort_by_key(|(s, _)| s.offset);
+    let mut extras: Vec<u64> = Vec::new();
+    let mut parent = root_key(scope);
+    for (i, chunk) in tokens.chunks_exact(bs).enumerate() {
+        extras.clear();
+        let (start, end) = (i * bs, (i + 1) * bs);
+        for (span, h) in &spans {
+            if end > span.offset && start < span.offset + span.length {
+                extras.push(*h);
+            }
+        }
+        parent = chain_key(parent, chunk, &extras, &mut buf);
+        keys.push(parent);
+    }
+    BlockKeys { keys, block_size }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SCOPE: KeyScope<'static> = KeyScope {
+        model: "m",
+        cache_salt: None,
+    };
+
+    #[test]
+    fn full_blocks_only_and_chained() {
+        let toks: Vec<u32> = (1..=40).collect();
+        let k = block_keys(&toks, 16, SCOPE);
+        assert_eq!(k.len(), 2);
+        let k2 = block_keys(&toks[..32], 16, SCOPE);
+        assert_eq!(k.keys, k2.keys, "partial tail ignored");
+        let k3 = block_keys(&toks[..16], 16, SCOPE);
+        assert_eq!(k3.keys[0], k.keys[0], "prefix property");
+        assert!(block_keys(&toks, 0, SCOPE).is_empty());
+    }
+
+    #[test]
+    fn scope_and_content_change_keys() {
+        let toks: Vec<u32> = (1..=32).collect();
+        let base = block_keys(&toks, 16, SCOPE).keys;
+        let mut changed = toks.clone();
+        changed[20] = 999;
+        let cases: Vec<(&str, Vec<BlockKey>, [bool; 2])> = vec![
+            (
+                "other model",
+                block_keys(
+                    &toks,
+                    16,
+                    KeyScope {
+                        model: "m2",
+                        cache_salt: None,
+                    },
+                )
+                .keys,
+                [true, true],
+            ),
+            (
+                "salt",
+                block_keys(
+                    &toks,
+                    16,
+                    KeyScope {
+                        model: "m",
+                        cache_salt: Some("s"),
+                    },
+                )
+                .keys,
+                [true, true],
+            ),
+            (
+                "empty salt differs from none",
+                block_keys(
+                    &toks,
+                    16,
+                    KeyScope {
+                        model: "m",
+                        cache_salt: Some(""),
+                    },
+                )
+                .keys,
+                [true, true],
+            ),
+            (
+                "token in block 1",
+                block_keys(&changed, 16, SCOPE).keys,
+                [false, true],
+            ),
+            (
+                "mm in block 1",
+                block_keys_with_mm(
+                    &toks,
+                    16,
+                    SCOPE,
+                    &[MmSpan {
+                        identifier: "img".into(),
+                        offset: 17,
+                        length: 4,
+                    }],
+                )
+                .keys,
+                [false, true],
+            ),
+            ("same", block_keys(&toks, 16, SCOPE).keys, [false, false]),
+        ];
+        for (name, keys, want) in cases {
+            let got = [keys[0] != base[0], keys[1] != base[1]];
+            assert_eq!(got, want, "{name}");
+        }
+    }
+
+    #[test]
+    fn mm_overlap_rule() {
+        let toks: Vec<u32> = (0..48).collect();
+        let with = |offset, length| {
+            block_keys_with_mm(
+                &toks,
+                16,
+                SCOPE,
+                &[MmSpan {
+                    identifier: "x".into(),
+                    offset,
+                    length,
+                }],
+            )
+            .keys
+        };
+        let base = block_keys(&toks, 16, SCOPE).keys;
+        // Span [14, 18) touches blocks 0 and 1; block 2 differs only through the chain.
+        let k = with(14, 4);
+        assert_ne!(k[0], base[0]);
+        // Span [16, 32) is exactly block 1: block 0 unchanged.
+        let k = with(16, 16);
+        assert_eq!(k[0], base[0]);
+        assert_ne!(k[1], base[1]);
+    }
+}

@@ -1,0 +1,404 @@
+//! Wire tests: a real zeromq PUB + ROUTER replay server on 127.0.0.1 (ephemeral ports) feeding
+//! the subscriber. Waits poll conditions against a deadline; nothing asserts on timing.
+
+// Test-only helpers outside `#[test]` functions: panicking on setup failure is the point.
+#![allow(clippy::unwrap_used)]
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use kvgate_kvcache::{
+    BlockHash, BlockKey, BlockStored, Encoding, EndpointKey, EndpointSource, EndpointSpec,
+    IndexConfig, KvEvent, KvEventBatch, KvEventSubscriber, KvIndex, KvMetrics, SubscriberConfig,
+    Tier, decode_batch, encode_batch,
+};
+use kvgate_kvcache::{KeyScope, block_keys};
+use prometheus_client::registry::Registry;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use zeromq::{PubSocket, RouterSocket, Socket, SocketRecv, SocketSend, ZmqMessage};
+
+const TOPIC: &str = "kv@127.0.0.1:8000@m";
+const REPLAY_OK: &str = "kvgate_kv_replays_total{endpoint=\"127.0.0.1:8000#0\",reason=\"ok\"}";
+const DEADLINE: Duration = Duration::from_secs(20);
+
+fn spec() -> EndpointSpec {
+    EndpointSpec {
+        key: EndpointKey::new("127.0.0.1:8000", 0),
+        model: "m".into(),
+        block_size: 16,
+        capacity_blocks: None,
+    }
+}
+
+/// Batch `seq` of generation `generation`: one block, chained on the previous batch's block
+/// unless `chain_start` (then it is block 0 of a new prompt).
+fn batch(generation: u32, seq: u64, chain_start: bool) -> Vec<u8> {
+    let base = 1_000_000 * u64::from(generation) + 1_000;
+    let tok0 = generation * 100_000 + seq as u32 * 16;
+    let ev = KvEvent::BlockStored(BlockStored {
+        block_hashes: vec![BlockHash::Int(base + seq)],
+        parent_block_hash: if chain_start {
+            None
+        } else {
+            Some(BlockHash::Int(base + seq - 1))
+        },
+        token_ids: (tok0..tok0 + 16).collect(),
+        block_size: 16,
+        medium: Some("GPU".into()),
+        ..Default::default()
+    });
+    encode_batch(seq as f64, &[ev], Some(0), Encoding::Map)
+}
+
+/// The index a loss-free subscriber would have built from `payloads`.
+fn expected_blocks(payloads: &[Vec<u8>]) -> Vec<(BlockKey, Tier)> {
+    let ix = KvIndex::new(IndexConfig::default(), KvMetrics::unregistered());
+    let id = ix.register_endpoint(spec());
+    for p in payloads {
+        let (b, _): (KvEventBatch, _) = decode_batch(p).unwrap();
+        ix.apply_batch(id, &b);
+    }
+    ix.endpoint_blocks(id)
+}
+
+fn msg(frames: Vec<Bytes>) -> ZmqMessage {
+    ZmqMessage::try_from(frames).unwrap()
+}
+
+/// (seq, payload) batches kept for replay.
+type Retained = Arc<Mutex<Vec<(u64, Vec<u8>)>>>;
+
+struct Publisher {
+    sock: PubSocket,
+    url: String,
+    /// Retained (seq, payload) for replay, like vLLM's `buffer_steps` deque.
+    retained: Retained,
+}
+
+impl Publisher {
+    async fn bind() -> Self {
+        let mut sock = PubSocket::new();
+        let url = sock.bind("tcp://127.0.0.1:0").await.unwrap().to_string();
+        Publisher {
+            sock,
+            url,
+            retained: Arc::default(),
+        }
+    }
+
+    /// Records the batch for replay and, unless `drop_live`, publishes it.
+    async fn publish(&mut self, seq: u64, payload: Vec<u8>, drop_live: bool) {
+        self.retained.lock().unwrap().push((seq, payload.clone()));
+        if !drop_live {
+            let frames = vec![
+                Bytes::from_static(TOPIC.as_bytes()),
+                Bytes::copy_from_slice(&seq.to_be_bytes()),
+                Bytes::from(payload),
+            ];
+            self.sock.send(msg(frames)).await.unwrap();
+        }
+    }
+
+    /// A ROUTER answering `[id, "", start_seq]` as vLLM ≥ 0.26 does.
+    async fn spawn_replay(&self) -> String {
+        let mut router = RouterSocket::new();
+        let url = router.bind("tcp://127.0.0.1:0").await.unwrap().to_string();
+        let retained = Arc::clone(&self.retained);
+        tokio::spawn(async move {
+            while let Ok(req) = router.recv().await {
+                let frames = req.into_vec();
+                let [id, empty, start] = frames.as_slice() else {
+                    continue;
+                };
+                assert!(
+                    empty.is_empty(),
+                    "DEALER must send an empty delimiter frame"
+                );
+                let start = u64::from_be_bytes(start[..8].try_into().unwrap());
+                let batches: Vec<(u64, Vec<u8>)> = retained
+                    .lock()
+                    .unwrap()
+                    .iter()
+                    .filter(|(s, _)| *s >= start)
+                    .cloned()
+                    .collect();
+                for (seq, payload) in batches {
+                    let reply = vec![
+                        id.clone(),
+                        Bytes::new(),
+                        Bytes::from_static(TOPIC.as_bytes()),
+                        Bytes::copy_from_slice(&seq.to_be_bytes()),
+                        Bytes::from(payload),
+                    ];
+                    router.send(msg(reply)).await.unwrap();
+                }
+                let end = vec![
+                    id.clone(),
+                    Bytes::new(),
+                    Bytes::new(),
+                    Bytes::copy_from_slice(&u64::MAX.to_be_bytes()),
+                    Bytes::new(),
+                ];
+                router.send(msg(end)).await.unwrap();
+            }
+        });
+        url
+    }
+}
+
+async fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + DEADLINE;
+    while !cond() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Publishes new self-contained batches until the subscriber has applied one (PUB/SUB drops
+/// everything sent before the subscription reaches the publisher), then a marker batch, and
+/// waits for the marker: everything published before it has then been handled. Returns the
+/// next free seq.
+async fn warm_up(
+    p: &mut Publisher,
+    ix: &KvIndex,
+    ep: kvgate_kvcache::EndpointId,
+    generation: u32,
+) -> u64 {
+    let deadline = Instant::now() + DEADLINE;
+    let mut seq = 0;
+    while ix.holdings(ep) == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "subscriber never received anything"
+        );
+        p.publish(seq, batch(generation, seq, true), false).await;
+        seq += 1;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    p.publish(seq, batch(generation, seq, true), false).await;
+    let tok0 = generation * 100_000 + seq as u32 * 16;
+    let marker = block_keys(
+        &(tok0..tok0 + 16).collect::<Vec<_>>(),
+        16,
+        KeyScope {
+            model: "m",
+            cache_salt: None,
+        },
+    )
+    .keys[0];
+    wait_for("warm-up marker applied", || {
+        ix.endpoint_blocks(ep).iter().any(|(k, _)| *k == marker)
+    })
+    .await;
+    seq + 1
+}
+
+fn metric(reg: &Registry, line_prefix: &str) -> Option<f64> {
+    let mut out = String::new();
+    prometheus_client::encoding::text::encode(&mut out, reg).unwrap();
+    out.lines()
+        .find(|l| l.starts_with(line_prefix))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gap_is_replayed_reset_drops_blocks_and_removal_drops_holdings() {
+    let mut reg = Registry::default();
+    let ix = KvIndex::new(IndexConfig::default(), KvMetrics::new(&mut reg));
+    let mut p = Publisher::bind().await;
+    let replay_url = p.spawn_replay().await;
+    let source = EndpointSource {
+        spec: spec(),
+        kv_events: p.url.clone(),
+        replay: Some(replay_url),
+        topic: "kv@".into(),
+    };
+    let config = SubscriberConfig {
+        reconnect_backoff: Duration::from_millis(50),
+        ..SubscriberConfig::default()
+    };
+    let sub = KvEventSubscriber::spawn(config, vec![source], ix.clone(), CancellationToken::new())
+        .unwrap();
+    let ep = ix.endpoint_id(&spec().key).unwrap();
+
+    // Sequence 0..N with batch k lost on the live path.
+    let k = warm_up(&mut p, &ix, ep, 0).await;
+    let replays_before = metric(&reg, REPLAY_OK).unwrap_or(0.0);
+    let n = k + 10;
+    for seq in k..n {
+        p.publish(seq, batch(0, seq, seq == k), seq == k).await;
+    }
+    let all: Vec<Vec<u8>> = p
+        .retained
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|(_, b)| b.clone())
+        .collect();
+    let want = expected_blocks(&all);
+    assert_eq!(want.len() as u64, n);
+    wait_for("index equal to the loss-free index", || {
+        ix.endpoint_blocks(ep) == want
+    })
+    .await;
+    let gaps = metric(
+        &reg,
+        "kvgate_kv_sequence_gaps_total{endpoint=\"127.0.0.1:8000#0\"}",
+    );
+    assert_eq!(gaps, Some(1.0));
+    // A replay from 0 may also have run at first contact (warm-up); the gap adds exactly one.
+    assert_eq!(metric(&reg, REPLAY_OK).unwrap_or(0.0), replays_before + 1.0);
+    assert!(!ix.is_degraded(ep));
+
+    // Engine restart: seq starts over at 0 with new content; old blocks must go.
+    p.retained.lock().unwrap().clear();
+    let deadline = Instant::now() + DEADLINE;
+    let mut seq = 0;
+    let new_blocks = loop {
+        p.publish(seq, batch(1, seq, seq == 0), false).await;
+        seq += 1;
+        let blocks = ix.endpoint_blocks(ep);
+        if metric(
+            &reg,
+            "kvgate_kv_restarts_total{endpoint=\"127.0.0.1:8000#0\"}",
+        ) == Some(1.0)
+        {
+            wait_for("post-restart batches applied", || {
+                ix.holdings(ep) as u64 == seq
+            })
+            .await;
+            break ix.endpoint_blocks(ep);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "restart not detected; index has {} blocks",
+            blocks.len()
+        );
+    };
+    let regen: Vec<Vec<u8>> = (0..seq).map(|s| batch(1, s, s == 0)).collect();
+    assert_eq!(
+        new_blocks,
+        expected_blocks(&regen),
+        "only post-restart blocks remain"
+    );
+
+    sub.remove_endpoint(ep);
+    assert_eq!(
+        ix.stats().blocks,
+        0,
+        "removing the endpoint drops its holdings"
+    );
+    sub.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gap_without_replay_marks_endpoint_degraded() {
+    let mut reg = Registry::default();
+    let ix = KvIndex::new(IndexConfig::default(), KvMetrics::new(&mut reg));
+    let mut p = Publisher::bind().await;
+    let source = EndpointSource {
+        spec: spec(),
+        kv_events: p.url.clone(),
+        replay: None,
+        topic: String::new(),
+    };
+    let sub = KvEventSubscriber::spawn(
+        SubscriberConfig::default(),
+        vec![source],
+        ix.clone(),
+        CancellationToken::new(),
+    )
+    .unwrap();
+    let ep = ix.endpoint_id(&spec().key).unwrap();
+    let k = warm_up(&mut p, &ix, ep, 0).await;
+    let baseline = ix.holdings(ep);
+    assert!(!ix.is_degraded(ep));
+    p.publish(k, batch(0, k, true), true).await;
+    p.publish(k + 1, batch(0, k + 1, false), false).await;
+    wait_for("degraded", || ix.is_degraded(ep)).await;
+    assert_eq!(
+        metric(&reg, "kvgate_kv_degraded{endpoint=\"127.0.0.1:8000#0\"}"),
+        Some(1.0)
+    );
+    assert_eq!(
+        metric(
+            &reg,
+            "kvgate_kv_sequence_gaps_total{endpoint=\"127.0.0.1:8000#0\"}"
+        ),
+        Some(1.0)
+    );
+    // The block after the hole cannot chain (its parent was lost) and is skipped, not guessed.
+    assert_eq!(ix.holdings(ep), baseline);
+    sub.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_frames_are_counted_not_fatal() {
+    let mut reg = Registry::default();
+    let ix = KvIndex::new(IndexConfig::default(), KvMetrics::new(&mut reg));
+    let mut p = Publisher::bind().await;
+    let source = EndpointSource {
+        spec: spec(),
+        kv_events: p.url.clone(),
+        replay: None,
+        topic: String::new(),
+    };
+    let sub = KvEventSubscriber::spawn(
+        SubscriberConfig::default(),
+        vec![source],
+        ix.clone(),
+        CancellationToken::new(),
+    )
+    .unwrap();
+    let ep = ix.endpoint_id(&spec().key).unwrap();
+    let k = warm_up(&mut p, &ix, ep, 0).await;
+    // Two frames only, then a garbage payload with a valid seq, then a good batch.
+    p.sock
+        .send(msg(vec![
+            Bytes::from_static(b"t"),
+            Bytes::from_static(b"x"),
+        ]))
+        .await
+        .unwrap();
+    let garbage = vec![
+        Bytes::from_static(b"t"),
+        Bytes::copy_from_slice(&k.to_be_bytes()),
+        Bytes::from_static(b"\xc1garbage"),
+    ];
+    p.sock.send(msg(garbage)).await.unwrap();
+    p.publish(k + 1, batch(0, k + 1, false), false).await;
+    wait_for("frames error counted", || {
+        metric(
+            &reg,
+            "kvgate_kv_decode_errors_total{endpoint=\"127.0.0.1:8000#0\",reason=\"frames\"}",
+        ) == Some(1.0)
+    })
+    .await;
+    wait_for("payload error counted", || {
+        metric(
+            &reg,
+            "kvgate_kv_decode_errors_total{endpoint=\"127.0.0.1:8000#0\",reason=\"payload\"}",
+        ) == Some(1.0)
+    })
+    .await;
+    // The garbage batch k was lost, so k+1 cannot chain; the stream itself keeps going.
+    p.publish(k + 2, batch(0, k + 2, true), false).await;
+    let tok0 = (k + 2) as u32 * 16;
+    let key = block_keys(
+        &(tok0..tok0 + 16).collect::<Vec<_>>(),
+        16,
+        KeyScope {
+            model: "m",
+            cache_salt: None,
+        },
+    )
+    .keys[0];
+    wait_for("stream still alive", || {
+        ix.endpoint_blocks(ep).iter().any(|(x, _)| *x == key)
+    })
+    .await;
+    sub.shutdown().await;
+}
