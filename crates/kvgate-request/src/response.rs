@@ -153,10 +153,10 @@ impl SseUsageObserver {
             let event = &buf[consumed..consumed + end];
             if memchr::memmem::find(event, b"\"usage\"").is_some() {
                 for line in event.split(|b| *b == b'\n') {
-                    if let Some(data) = line.strip_prefix(b"data:") {
-                        if let Some(usage) = usage_from_json(data.trim_ascii()) {
-                            self.usage = Some(usage);
-                        }
+                    if let Some(data) = line.strip_prefix(b"data:")
+                        && let Some(usage) = usage_from_json(data.trim_ascii())
+                    {
+                        self.usage = Some(usage);
                     }
                 }
             }

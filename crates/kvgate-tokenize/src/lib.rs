@@ -1,1 +1,57 @@
-//! Tokenization backends (local tokenizer + chat template, engine /render, estimate) with a visible fallback chain.
+//! Tokenization for KV-cache-aware routing: the prompt token ids vLLM will hash, computed
+//! from the exact request bytes the engine receives.
+//!
+//! Three backends form a per-model fallback chain: `local` (HF tokenizer + chat template,
+//! normalizing requests exactly as vLLM 0.33's chat/Anthropic endpoints do), `render`
+//! (POST the sealed bytes to the engine's `/render`), and `estimate` (pseudo tokens,
+//! marked not engine-exact). Every step down has a [`FallbackReason`], logged and counted.
+//!
+//! # Layout
+//! - [`config`]: [`TokenizeConfig`], [`ModelTokenizerConfig`] (backend order, timeouts).
+//! - [`chain`]: [`TokenizeService`] (what the proxy calls) and [`TokenizerChain`].
+//! - [`outcome`]: [`Tokenized`], [`PromptTokens`], [`BackendKind`], [`FallbackReason`].
+//! - [`local`]: [`LocalTokenizer`], the in-process backend.
+//! - `assets`: reading `tokenizer.json` / `tokenizer_config.json`, plain or `.gz`.
+//! - `template`: the minijinja environment configured like transformers.
+//! - `pyjson`: Python `json.dumps` (separators, `ensure_ascii`, float `repr`).
+//! - `chat`: vLLM's chat-request normalization into template variables.
+//! - `anthropic`: vLLM's Anthropic Messages → chat conversion.
+//! - `prefix_cache`: the special-token segment cache (exact by construction).
+//! - [`render`]: [`RenderBackend`], the `/render` client.
+//! - `estimate`: pseudo tokens.
+//! - [`pool`]: [`BlockingPool`], the bounded blocking pool with a queue limit.
+//! - [`metrics`]: [`TokenizeMetrics`] and metric names.
+//! - [`parity`]: the parity corpus format and divergence reports.
+//! - [`cli`]: `kvgate tokenize` and `kvgate parity` entry points.
+
+mod anthropic;
+mod assets;
+pub mod chain;
+mod chat;
+pub mod cli;
+pub mod config;
+mod estimate;
+pub mod local;
+pub mod metrics;
+pub mod outcome;
+pub mod parity;
+pub mod pool;
+mod prefix_cache;
+mod pyjson;
+pub mod render;
+mod template;
+#[cfg(test)]
+mod test_util;
+
+pub use self::{
+    assets::LoadError,
+    chain::{BuildError, TokenizeError, TokenizeService, TokenizerChain},
+    config::{ModelTokenizerConfig, TokenizeConfig},
+    local::{LocalOptions, LocalTokenizer},
+    metrics::TokenizeMetrics,
+    outcome::{
+        BackendError, BackendKind, Fallback, FallbackReason, MmItem, PromptTokens, Tokenized,
+    },
+    pool::{BlockingPool, PoolError, PoolOptions},
+    render::{RenderBackend, RenderOptions},
+};

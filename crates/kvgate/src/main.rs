@@ -31,6 +31,14 @@ enum Command {
     Serve(serve::ServeArgs),
     /// Show precise routing against round-robin on a local simulated fleet.
     Demo(demo::DemoArgs),
+    /// Run simulated vLLM engines (OpenAI API, prefix cache, KV events, /render, /metrics).
+    Sim(kvgate_sim::SimArgs),
+    /// Load-test any OpenAI-compatible URL; compare targets side by side.
+    Bench(kvgate_bench::cli::BenchArgs),
+    /// Print the prompt token ids of a request read from stdin (local tokenizer).
+    Tokenize(kvgate_tokenize::cli::TokenizeArgs),
+    /// Compare local tokenization with a live vLLM `/render` (or the goldens) over a corpus.
+    Parity(kvgate_tokenize::cli::ParityArgs),
 }
 
 fn init_logging(format: LogFormat) {
@@ -49,12 +57,71 @@ fn init_logging(format: LogFormat) {
     }
 }
 
+fn sim_main(args: kvgate_sim::SimArgs) -> anyhow::Result<()> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(kvgate_sim::run(args, serve::shutdown_signal()))?;
+    Ok(())
+}
+
+fn bench_main(args: &kvgate_bench::cli::BenchArgs) -> anyhow::Result<()> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(kvgate_bench::cli::run(args))?;
+    Ok(())
+}
+
+fn tokenize_main(args: &kvgate_tokenize::cli::TokenizeArgs) -> anyhow::Result<()> {
+    kvgate_tokenize::cli::run_tokenize(
+        args,
+        &mut std::io::stdin().lock(),
+        &mut std::io::stdout().lock(),
+    )?;
+    Ok(())
+}
+
+fn parity_main(args: &kvgate_tokenize::cli::ParityArgs) -> std::process::ExitCode {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("kvgate: starting the async runtime: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(kvgate_tokenize::cli::run_parity(
+        args,
+        &mut std::io::stdout().lock(),
+    ));
+    match result {
+        Ok(summary) => {
+            println!(
+                "{} cases, {} divergences, {} errors",
+                summary.cases, summary.divergences, summary.errors
+            );
+            std::process::ExitCode::from(u8::try_from(summary.exit_code()).unwrap_or(1))
+        }
+        Err(e) => {
+            eprintln!("kvgate: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     init_logging(cli.log_format);
     let result = match cli.command {
         Command::Serve(args) => serve::main(args),
         Command::Demo(args) => demo::main(args),
+        Command::Bench(args) => bench_main(&args),
+        Command::Sim(args) => sim_main(args),
+        Command::Tokenize(args) => tokenize_main(&args),
+        Command::Parity(args) => return parity_main(&args),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

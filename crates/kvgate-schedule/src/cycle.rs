@@ -1,0 +1,266 @@
+//! Per-request scheduling state: the request facts plugins read, the block keys computed once
+//! and shared by every prefix scorer, the prefix match of the current profile run, and a small
+//! random source for pickers.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use kvgate_kvcache::{BlockKeys, EndpointId, KeyScope, MmSpan, block_keys_with_mm};
+use kvgate_request::SealedRequest;
+
+/// Header carrying the client's session id (read by `session-affinity-scorer`).
+pub const SESSION_HEADER: &str = "x-session-id";
+
+/// The prompt's token ids and how far they can be trusted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PromptTokens {
+    /// Token ids of the (first) prompt.
+    pub ids: Arc<[u32]>,
+    /// True when the ids are what the engine computes (local or render backend). Estimates are
+    /// not exact and the precise prefix scorer ignores them.
+    pub exact: bool,
+    /// Multimodal placeholder ranges, folded into the block keys they overlap.
+    pub mm: Vec<MmSpan>,
+}
+
+/// What the scheduler knows about a request. Build it with [`RequestFacts::from_request`] and
+/// the `with_*` methods, then wrap it in a [`CycleState`].
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct RequestFacts {
+    /// Request id (log correlation).
+    pub request_id: String,
+    /// The model as forwarded to the engine (after alias resolution).
+    pub model: String,
+    /// The model the client asked for.
+    pub requested_model: Option<String>,
+    /// The LoRA adapter name when `model` is an adapter.
+    pub lora_adapter: Option<String>,
+    /// The `x-session-id` header value.
+    pub session_id: Option<String>,
+    /// The request's `cache_salt`.
+    pub cache_salt: Option<String>,
+    /// Prompt tokens, when tokenization produced any.
+    pub tokens: Option<PromptTokens>,
+    /// Prompt length in tokens (from `tokens`, or an estimate when tokens are missing).
+    pub prompt_tokens: Option<u64>,
+}
+
+impl RequestFacts {
+    /// Facts from a sealed request and its headers (model, requested model, cache salt,
+    /// request id, session id). Tokens and the LoRA adapter are added with the `with_*`
+    /// methods.
+    pub fn from_request(request: &SealedRequest, headers: &http::HeaderMap) -> RequestFacts {
+        RequestFacts {
+            request_id: request.request_id().to_owned(),
+            model: request.model().unwrap_or_default().to_owned(),
+            requested_model: request.requested_model().map(str::to_owned),
+            lora_adapter: None,
+            session_id: headers
+                .get(SESSION_HEADER)
+                .and_then(|v| v.to_str().ok())
+                .filter(|s| !s.is_empty())
+                .map(str::to_owned),
+            cache_salt: request.cache_salt().map(str::to_owned),
+            tokens: None,
+            prompt_tokens: None,
+        }
+    }
+
+    /// Adds the prompt tokens (and sets `prompt_tokens` to their count).
+    #[must_use]
+    pub fn with_tokens(mut self, ids: impl Into<Arc<[u32]>>, exact: bool, mm: Vec<MmSpan>) -> Self {
+        let ids = ids.into();
+        self.prompt_tokens = Some(ids.len() as u64);
+        self.tokens = Some(PromptTokens { ids, exact, mm });
+        self
+    }
+
+    /// Marks `model` as a LoRA adapter of a base model.
+    #[must_use]
+    pub fn with_lora_adapter(mut self, adapter: impl Into<String>) -> Self {
+        self.lora_adapter = Some(adapter.into());
+        self
+    }
+}
+
+/// Which kind of index produced a prefix match.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PrefixSource {
+    /// The KV index fed by engine events.
+    Precise,
+    /// The index fed by routing decisions.
+    Approximate,
+}
+
+/// A prefix scorer's per-endpoint predictions for the current profile run.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PrefixMatch {
+    /// Which scorer produced it.
+    pub source: PrefixSource,
+    /// Predicted cached prompt tokens per endpoint (endpoints absent = 0).
+    pub predicted: Vec<(EndpointId, u64)>,
+}
+
+impl PrefixMatch {
+    /// Predicted cached tokens of `id`.
+    pub fn predicted_tokens(&self, id: EndpointId) -> u64 {
+        self.predicted
+            .iter()
+            .find(|(e, _)| *e == id)
+            .map_or(0, |(_, t)| *t)
+    }
+
+    /// True when some endpoint has a hit.
+    pub fn any_hit(&self) -> bool {
+        self.predicted.iter().any(|(_, t)| *t > 0)
+    }
+}
+
+/// State of one scheduling cycle (one request, possibly several profile runs).
+#[derive(Debug)]
+pub struct CycleState {
+    facts: RequestFacts,
+    now: Instant,
+    keys: Vec<(u32, Arc<BlockKeys>)>,
+    prefix: Option<PrefixMatch>,
+    rng: u64,
+}
+
+impl CycleState {
+    /// A cycle for `facts` evaluated at `now` (metrics staleness, health).
+    pub fn new(facts: RequestFacts, now: Instant) -> CycleState {
+        let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
+        for b in facts.request_id.bytes() {
+            seed = (seed ^ u64::from(b)).wrapping_mul(0x100_0000_01b3);
+        }
+        seed ^= now.elapsed().as_nanos() as u64;
+        CycleState {
+            facts,
+            now,
+            keys: Vec::new(),
+            prefix: None,
+            rng: seed,
+        }
+    }
+
+    /// The request facts.
+    pub fn facts(&self) -> &RequestFacts {
+        &self.facts
+    }
+
+    /// The cycle's clock reading.
+    pub fn now(&self) -> Instant {
+        self.now
+    }
+
+    /// The model whose KV cache the request uses: the adapter for LoRA requests, else `model`.
+    pub fn cache_model(&self) -> &str {
+        self.facts
+            .lora_adapter
+            .as_deref()
+            .unwrap_or(&self.facts.model)
+    }
+
+    /// The prompt's block keys for `block_size`, computed on first use and shared. `None` when
+    /// the request has no tokens.
+    pub fn block_keys(&mut self, block_size: u32) -> Option<Arc<BlockKeys>> {
+        if let Some((_, k)) = self.keys.iter().find(|(bs, _)| *bs == block_size) {
+            return Some(Arc::clone(k));
+        }
+        let tokens = self.facts.tokens.as_ref()?;
+        let scope = KeyScope {
+            model: self
+                .facts
+                .lora_adapter
+                .as_deref()
+                .unwrap_or(&self.facts.model),
+            cache_salt: self.facts.cache_salt.as_deref(),
+        };
+        let keys = Arc::new(block_keys_with_mm(
+            &tokens.ids,
+            block_size,
+            scope,
+            &tokens.mm,
+        ));
+        self.keys.push((block_size, Arc::clone(&keys)));
+        Some(keys)
+    }
+
+    /// The prefix match recorded by a prefix scorer in the current profile run.
+    pub fn prefix_match(&self) -> Option<&PrefixMatch> {
+        self.prefix.as_ref()
+    }
+
+    /// Records the current profile run's prefix match (prefix scorers call this).
+    pub fn record_prefix_match(&mut self, m: PrefixMatch) {
+        self.prefix = Some(m);
+    }
+
+    pub(crate) fn take_prefix_match(&mut self) -> Option<PrefixMatch> {
+        self.prefix.take()
+    }
+
+    /// A pseudo-random number (splitmix64), seeded per cycle.
+    pub fn next_random(&mut self) -> u64 {
+        self.rng = self.rng.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.rng;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// A pseudo-random float in [0, 1).
+    pub fn next_unit(&mut self) -> f64 {
+        (self.next_random() >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_are_cached_per_block_size_and_scoped() {
+        let facts = RequestFacts {
+            model: "m".into(),
+            ..RequestFacts::default()
+        }
+        .with_tokens((0..64).collect::<Vec<u32>>(), true, vec![]);
+        let mut c = CycleState::new(facts.clone(), Instant::now());
+        let a = c.block_keys(16).unwrap();
+        assert_eq!(a.len(), 4);
+        assert!(Arc::ptr_eq(&a, &c.block_keys(16).unwrap()), "computed once");
+        assert_eq!(c.block_keys(32).unwrap().len(), 2);
+        let mut l = CycleState::new(facts.with_lora_adapter("ad"), Instant::now());
+        assert_ne!(
+            l.block_keys(16).unwrap().keys[0],
+            a.keys[0],
+            "adapter scopes the keys"
+        );
+        let mut none = CycleState::new(RequestFacts::default(), Instant::now());
+        assert!(none.block_keys(16).is_none());
+    }
+
+    #[test]
+    fn facts_from_request() {
+        let body = bytes::Bytes::from_static(br#"{"model":"m","messages":[],"cache_salt":"s"}"#);
+        let req = kvgate_request::Request::parse(kvgate_request::Api::ChatCompletions, body)
+            .unwrap()
+            .seal("r1".into());
+        let mut h = http::HeaderMap::new();
+        h.insert(SESSION_HEADER, http::HeaderValue::from_static("sess"));
+        let f = RequestFacts::from_request(&req, &h);
+        assert_eq!(f.request_id, "r1");
+        assert_eq!(f.model, "m");
+        assert_eq!(f.session_id.as_deref(), Some("sess"));
+        assert_eq!(f.cache_salt.as_deref(), Some("s"));
+    }
+
+    #[test]
+    fn random_is_uniformish() {
+        let mut c = CycleState::new(RequestFacts::default(), Instant::now());
+        let mean = (0..1000).map(|_| c.next_unit()).sum::<f64>() / 1000.0;
+        assert!((0.4..0.6).contains(&mean), "{mean}");
+    }
+}

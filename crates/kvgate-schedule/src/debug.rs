@@ -1,0 +1,205 @@
+//! `/debug/state.json` and `/debug/state`: a serializable snapshot of every endpoint (health,
+//! load, metrics age, index holdings, predicted vs realized prefix hits) and a plain HTML table
+//! rendering of it (no JavaScript).
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::Instant;
+
+use serde::Serialize;
+
+use crate::endpoint::{EndpointState, Role};
+use crate::prom::EngineMetrics;
+use crate::registry::EndpointRegistry;
+
+/// The whole registry at one instant.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct StateSnapshot {
+    /// One row per endpoint, in config order.
+    pub endpoints: Vec<EndpointSnapshot>,
+    /// Index size.
+    pub index: IndexSnapshot,
+}
+
+/// KV index size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct IndexSnapshot {
+    /// Distinct block keys.
+    pub blocks: usize,
+    /// (block, endpoint, tier) holdings.
+    pub holdings: usize,
+    /// Estimated memory in bytes.
+    pub estimated_bytes: usize,
+}
+
+/// One endpoint's state.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct EndpointSnapshot {
+    /// `host:port`.
+    pub name: String,
+    /// Base URL.
+    pub url: String,
+    /// Labels.
+    pub labels: BTreeMap<String, String>,
+    /// P/D role.
+    pub role: Role,
+    /// Not ejected.
+    pub healthy: bool,
+    /// Consecutive failures.
+    pub consecutive_failures: u32,
+    /// Requests in flight through this router.
+    pub in_flight_requests: u64,
+    /// Uncached prompt tokens in flight.
+    pub in_flight_tokens: u64,
+    /// Age of the last successful scrape, in milliseconds.
+    pub metrics_age_ms: Option<u64>,
+    /// Metrics stale, missing or last scrape failed.
+    pub metrics_stale: bool,
+    /// The last scraped signals.
+    pub metrics: Option<EngineMetrics>,
+    /// Discovered model ids.
+    pub served_models: Option<Vec<String>>,
+    /// Fed by KV events (precise) rather than routing (approximate).
+    pub kv_events: bool,
+    /// Router block size of its index entries.
+    pub index_block_size: u32,
+    /// Real index holdings.
+    pub index_holdings: usize,
+    /// Index possibly missing events.
+    pub index_degraded: bool,
+    /// Requests reported through `record_realized`.
+    pub reported_requests: u64,
+    /// Sum of predicted cached tokens.
+    pub predicted_tokens: u64,
+    /// Sum of engine-reported cached tokens.
+    pub realized_tokens: u64,
+    /// Requests whose prediction was off by more than one block.
+    pub mispredicted_requests: u64,
+}
+
+impl EndpointRegistry {
+    /// A snapshot for `/debug/state.json` (O(index size) for the index totals; meant for
+    /// occasional admin use).
+    pub fn snapshot(&self, now: Instant) -> StateSnapshot {
+        let index = self.kv_index();
+        let endpoints = self
+            .endpoints()
+            .iter()
+            .map(|e| endpoint_snapshot(self, e, now))
+            .collect();
+        let stats = index.stats();
+        StateSnapshot {
+            endpoints,
+            index: IndexSnapshot {
+                blocks: stats.blocks,
+                holdings: stats.holdings,
+                estimated_bytes: stats.estimated_bytes,
+            },
+        }
+    }
+}
+
+fn endpoint_snapshot(reg: &EndpointRegistry, e: &EndpointState, now: Instant) -> EndpointSnapshot {
+    let index = reg.kv_index();
+    let c = &e.counters;
+    EndpointSnapshot {
+        name: e.name().to_owned(),
+        url: e.url().to_owned(),
+        labels: e.with_labels(Clone::clone),
+        role: e.role(),
+        healthy: e.is_healthy(now),
+        consecutive_failures: e.consecutive_failures(),
+        in_flight_requests: e.in_flight_requests(),
+        in_flight_tokens: e.in_flight_tokens(),
+        metrics_age_ms: e.metrics_age(now).map(|d| d.as_millis() as u64),
+        metrics_stale: e.is_stale(now),
+        metrics: e.metrics_snapshot().map(|s| s.metrics.clone()),
+        served_models: e.served_models().map(|m| {
+            let mut ids: Vec<String> = m.iter().map(|m| m.id.clone()).collect();
+            ids.sort();
+            ids
+        }),
+        kv_events: e.has_kv_events(),
+        index_block_size: e.index_block_size(),
+        index_holdings: index.holdings(e.kv_id()),
+        index_degraded: index.is_degraded(e.kv_id()),
+        reported_requests: c.requests.load(Relaxed),
+        predicted_tokens: c.predicted_tokens.load(Relaxed),
+        realized_tokens: c.realized_tokens.load(Relaxed),
+        mispredicted_requests: c.mispredicted.load(Relaxed),
+    }
+}
+
+fn esc(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+}
+
+fn opt<T: std::fmt::Display>(v: Option<T>) -> String {
+    v.map_or_else(|| "–".to_owned(), |v| v.to_string())
+}
+
+/// Renders a snapshot as a plain HTML page (a table per section, no scripts).
+pub fn render_html(s: &StateSnapshot) -> String {
+    let mut h = String::from(
+        "<!doctype html><html><head><meta charset=\"utf-8\"><title>kvgate state</title>\
+         <style>body{font-family:sans-serif}table{border-collapse:collapse}\
+         td,th{border:1px solid #999;padding:2px 6px;text-align:right}\
+         td:first-child{text-align:left}</style></head><body><h1>kvgate endpoints</h1>\n",
+    );
+    let _ = writeln!(
+        h,
+        "<p>index: {} blocks, {} holdings, ~{} KiB</p>",
+        s.index.blocks,
+        s.index.holdings,
+        s.index.estimated_bytes / 1024
+    );
+    h.push_str(
+        "<table><tr><th>endpoint</th><th>role</th><th>healthy</th><th>failures</th>\
+         <th>in flight</th><th>in-flight tokens</th><th>waiting</th><th>running</th>\
+         <th>kv usage</th><th>metrics age ms</th><th>stale</th><th>mode</th><th>holdings</th>\
+         <th>degraded</th><th>reported</th><th>predicted tok</th><th>realized tok</th>\
+         <th>hit ratio</th><th>mispredicted</th><th>labels</th></tr>\n",
+    );
+    for e in &s.endpoints {
+        let m = e.metrics.as_ref();
+        let ratio = (e.predicted_tokens > 0).then(|| {
+            format!(
+                "{:.2}",
+                e.realized_tokens as f64 / e.predicted_tokens as f64
+            )
+        });
+        let labels: Vec<String> = e.labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        let _ = writeln!(
+            h,
+            "<tr><td>{}</td><td>{:?}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td>\
+             <td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td>\
+             <td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            esc(&e.name),
+            e.role,
+            e.healthy,
+            e.consecutive_failures,
+            e.in_flight_requests,
+            e.in_flight_tokens,
+            opt(m.and_then(|m| m.waiting)),
+            opt(m.and_then(|m| m.running)),
+            opt(m.and_then(|m| m.kv_usage).map(|k| format!("{k:.2}"))),
+            opt(e.metrics_age_ms),
+            e.metrics_stale,
+            if e.kv_events { "precise" } else { "approx" },
+            e.index_holdings,
+            e.index_degraded,
+            e.reported_requests,
+            e.predicted_tokens,
+            e.realized_tokens,
+            opt(ratio),
+            e.mispredicted_requests,
+            esc(&labels.join(", ")),
+        );
+    }
+    h.push_str("</table></body></html>\n");
+    h
+}

@@ -1,0 +1,604 @@
+//! One engine endpoint's live state: identity and labels, role, passive health with ejection
+//! and exponential back-off, served models, in-flight load (RAII), the last scraped engine
+//! metrics, and predicted-vs-realized prefix-cache counters.
+//!
+//! An [`EndpointState`] keeps its identity across config reloads as long as its URL is unchanged
+//! (see [`crate::EndpointRegistry::reconcile`]); in-flight guards hold an `Arc` to it, so a
+//! removed endpoint lives until its last request ends.
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use arc_swap::{ArcSwap, ArcSwapOption};
+use kvgate_kvcache::EndpointId;
+
+use crate::prom::EngineMetrics;
+
+/// The label that carries an endpoint's P/D role (llm-d convention).
+pub const ROLE_LABEL: &str = "llm-d.ai/role";
+
+/// What an endpoint does in prefill/decode disaggregation, from [`ROLE_LABEL`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Role {
+    /// Prefill only (`prefill`, `encode-prefill`).
+    Prefill,
+    /// Decode only (`decode`).
+    Decode,
+    /// Both (`both`, `prefill-decode`, `encode-prefill-decode`).
+    Both,
+    /// No role label: treated as able to decode (llm-d's decode filter keeps unlabelled pods).
+    Unlabelled,
+}
+
+impl Role {
+    /// The role named by a label value (unknown values count as unlabelled).
+    pub fn from_label(value: Option<&str>) -> Role {
+        match value {
+            Some("prefill" | "encode-prefill") => Role::Prefill,
+            Some("decode") => Role::Decode,
+            Some("both" | "prefill-decode" | "encode-prefill-decode") => Role::Both,
+            _ => Role::Unlabelled,
+        }
+    }
+
+    /// True when the endpoint can run prefill-only requests.
+    pub fn can_prefill(self) -> bool {
+        matches!(self, Role::Prefill | Role::Both)
+    }
+
+    /// True when the endpoint can decode (unlabelled endpoints can).
+    pub fn can_decode(self) -> bool {
+        matches!(self, Role::Decode | Role::Both | Role::Unlabelled)
+    }
+}
+
+/// Health thresholds (the registry config's `health` section).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HealthPolicy {
+    /// Consecutive failures before the endpoint is ejected.
+    pub failure_threshold: u32,
+    /// First ejection period; doubles per further failure.
+    pub eject_base: Duration,
+    /// Longest ejection period.
+    pub eject_max: Duration,
+}
+
+impl Default for HealthPolicy {
+    fn default() -> Self {
+        HealthPolicy {
+            failure_threshold: 1,
+            eject_base: Duration::from_secs(1),
+            eject_max: Duration::from_secs(30),
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+struct Health {
+    consecutive_failures: u32,
+    ejected_until: Option<Instant>,
+}
+
+/// A model as an endpoint serves it (`/v1/models` entry).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, serde::Serialize)]
+pub struct ServedModel {
+    /// The model id requests use.
+    pub id: String,
+    /// The base model when `id` is a LoRA adapter.
+    pub parent: Option<String>,
+}
+
+/// Mutable descriptive data; replaced as a whole on reload.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct EndpointMeta {
+    pub(crate) labels: BTreeMap<String, String>,
+    pub(crate) role: Role,
+}
+
+/// One scrape result and when it was taken.
+#[derive(Debug, Clone)]
+pub struct MetricsSnapshot {
+    /// The extracted signals.
+    pub metrics: EngineMetrics,
+    /// When the scrape finished.
+    pub at: Instant,
+}
+
+/// The metrics as a scorer sees them.
+#[derive(Debug, Clone, Copy)]
+pub enum MetricsView<'a> {
+    /// A scrape no older than the staleness bound.
+    Fresh(&'a EngineMetrics),
+    /// The last scrape is too old or the last attempt failed.
+    Stale,
+    /// Never scraped successfully.
+    Missing,
+}
+
+impl<'a> MetricsView<'a> {
+    /// The metrics when fresh.
+    pub fn fresh(self) -> Option<&'a EngineMetrics> {
+        match self {
+            MetricsView::Fresh(m) => Some(m),
+            MetricsView::Stale | MetricsView::Missing => None,
+        }
+    }
+}
+
+/// Live state of one engine endpoint. Shared as `Arc<EndpointState>`.
+#[derive(Debug)]
+pub struct EndpointState {
+    name: String,
+    url: String,
+    scheme: http::uri::Scheme,
+    authority: http::uri::Authority,
+    prefix: String,
+    meta: ArcSwap<EndpointMeta>,
+    policy: HealthPolicy,
+    stale_after: Duration,
+    health: Mutex<Health>,
+    models: ArcSwapOption<HashSet<ServedModel>>,
+    in_flight_requests: AtomicU64,
+    in_flight_tokens: AtomicU64,
+    metrics: ArcSwapOption<MetricsSnapshot>,
+    scrape_failing: AtomicU32,
+    kv_id: EndpointId,
+    index_block_size: u32,
+    has_kv_events: bool,
+    pub(crate) counters: RealizedCounters,
+}
+
+/// Predicted vs realized prefix-cache hits reported by the proxy.
+#[derive(Debug, Default)]
+pub(crate) struct RealizedCounters {
+    pub(crate) requests: AtomicU64,
+    pub(crate) predicted_tokens: AtomicU64,
+    pub(crate) realized_tokens: AtomicU64,
+    pub(crate) mispredicted: AtomicU64,
+}
+
+/// What [`EndpointState::new`] needs besides the URL.
+#[derive(Debug, Clone)]
+pub(crate) struct EndpointInit {
+    pub(crate) labels: BTreeMap<String, String>,
+    pub(crate) policy: HealthPolicy,
+    pub(crate) stale_after: Duration,
+    pub(crate) kv_id: EndpointId,
+    pub(crate) index_block_size: u32,
+    pub(crate) has_kv_events: bool,
+}
+
+/// Why an endpoint URL was rejected.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("endpoint `{url}`: {reason}")]
+pub struct BadUrl {
+    /// The URL as given.
+    pub url: String,
+    /// What is wrong with it.
+    pub reason: &'static str,
+}
+
+/// Splits `http://host:port[/prefix]` into scheme, authority and path prefix.
+pub(crate) fn split_url(
+    url: &str,
+) -> Result<(http::uri::Scheme, http::uri::Authority, String), BadUrl> {
+    let bad = |reason| BadUrl {
+        url: url.to_owned(),
+        reason,
+    };
+    let uri: http::Uri = url.parse().map_err(|_| bad("not a valid URL"))?;
+    let scheme = uri.scheme().cloned().ok_or_else(|| bad("missing scheme"))?;
+    if scheme != http::uri::Scheme::HTTP {
+        return Err(bad("only http:// endpoints are supported"));
+    }
+    let authority = uri
+        .authority()
+        .cloned()
+        .ok_or_else(|| bad("missing host"))?;
+    if uri.query().is_some() {
+        return Err(bad("must not have a query string"));
+    }
+    Ok((
+        scheme,
+        authority,
+        uri.path().trim_end_matches('/').to_owned(),
+    ))
+}
+
+impl EndpointState {
+    pub(crate) fn new(url: &str, init: EndpointInit) -> Result<EndpointState, BadUrl> {
+        let (scheme, authority, prefix) = split_url(url)?;
+        let role = Role::from_label(init.labels.get(ROLE_LABEL).map(String::as_str));
+        Ok(EndpointState {
+            name: authority.to_string(),
+            url: url.to_owned(),
+            scheme,
+            authority,
+            prefix,
+            meta: ArcSwap::from_pointee(EndpointMeta {
+                labels: init.labels,
+                role,
+            }),
+            policy: init.policy,
+            stale_after: init.stale_after,
+            health: Mutex::default(),
+            models: ArcSwapOption::empty(),
+            in_flight_requests: AtomicU64::new(0),
+            in_flight_tokens: AtomicU64::new(0),
+            metrics: ArcSwapOption::empty(),
+            scrape_failing: AtomicU32::new(0),
+            kv_id: init.kv_id,
+            index_block_size: init.index_block_size,
+            has_kv_events: init.has_kv_events,
+            counters: RealizedCounters::default(),
+        })
+    }
+
+    /// An endpoint not owned by a registry (tests, benches, simulations): no labels, the
+    /// default [`HealthPolicy`], metrics stale after 500 ms, no scrape task.
+    ///
+    /// # Errors
+    /// [`BadUrl`] when `url` is not `http://host:port[/prefix]`.
+    pub fn detached(
+        url: &str,
+        kv_id: EndpointId,
+        index_block_size: u32,
+        has_kv_events: bool,
+    ) -> Result<EndpointState, BadUrl> {
+        EndpointState::new(
+            url,
+            EndpointInit {
+                labels: BTreeMap::new(),
+                policy: HealthPolicy::default(),
+                stale_after: Duration::from_millis(500),
+                kv_id,
+                index_block_size,
+                has_kv_events,
+            },
+        )
+    }
+
+    /// `host:port`: the name used in logs, headers and metric labels.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The configured base URL.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// The `Host` header value for upstream requests.
+    pub fn authority(&self) -> &http::uri::Authority {
+        &self.authority
+    }
+
+    /// The upstream URI for a client path-and-query (the URL's path prefix is prepended).
+    ///
+    /// # Errors
+    /// When `path_and_query` is not a valid URI path.
+    pub fn uri_for(&self, path_and_query: &str) -> Result<http::Uri, http::Error> {
+        http::Uri::builder()
+            .scheme(self.scheme.clone())
+            .authority(self.authority.clone())
+            .path_and_query(format!("{}{}", self.prefix, path_and_query))
+            .build()
+    }
+
+    /// The value of label `key`.
+    pub fn label(&self, key: &str) -> Option<String> {
+        self.meta.load().labels.get(key).cloned()
+    }
+
+    /// Calls `f` with the labels (no copy).
+    pub fn with_labels<R>(&self, f: impl FnOnce(&BTreeMap<String, String>) -> R) -> R {
+        f(&self.meta.load().labels)
+    }
+
+    /// The P/D role from [`ROLE_LABEL`].
+    pub fn role(&self) -> Role {
+        self.meta.load().role
+    }
+
+    pub(crate) fn set_labels(&self, labels: BTreeMap<String, String>) {
+        let role = Role::from_label(labels.get(ROLE_LABEL).map(String::as_str));
+        self.meta.store(Arc::new(EndpointMeta { labels, role }));
+    }
+
+    /// The endpoint's id in the KV index.
+    pub fn kv_id(&self) -> EndpointId {
+        self.kv_id
+    }
+
+    /// Router block size the KV index uses for this endpoint.
+    pub fn index_block_size(&self) -> u32 {
+        self.index_block_size
+    }
+
+    /// True when the index is fed by this endpoint's KV events (precise mode).
+    pub fn has_kv_events(&self) -> bool {
+        self.has_kv_events
+    }
+
+    // === health ===
+
+    /// Whether the endpoint may receive traffic at `now`: not ejected, or its ejection expired
+    /// (then it is tried again, half-open; the next failure ejects it for twice as long).
+    pub fn is_healthy(&self, now: Instant) -> bool {
+        let h = self.health.lock().unwrap_or_else(PoisonError::into_inner);
+        h.ejected_until.is_none_or(|until| now >= until)
+    }
+
+    /// Records a successful request or probe: clears failures and ejection.
+    pub fn record_success(&self) {
+        *self.health.lock().unwrap_or_else(PoisonError::into_inner) = Health::default();
+    }
+
+    /// Records a failed request or probe. Once `failure_threshold` failures are consecutive,
+    /// ejects for `eject_base × 2^(failures − threshold)` capped at `eject_max`. Returns the
+    /// ejection period (`None` while under the threshold).
+    pub fn record_failure(&self, now: Instant) -> Option<Duration> {
+        let mut h = self.health.lock().unwrap_or_else(PoisonError::into_inner);
+        h.consecutive_failures = h.consecutive_failures.saturating_add(1);
+        let threshold = self.policy.failure_threshold.max(1);
+        if h.consecutive_failures < threshold {
+            return None;
+        }
+        let shift = (h.consecutive_failures - threshold).min(16);
+        let period = self
+            .policy
+            .eject_base
+            .saturating_mul(1 << shift)
+            .min(self.policy.eject_max);
+        h.ejected_until = Some(now + period);
+        Some(period)
+    }
+
+    /// Consecutive failures so far.
+    pub fn consecutive_failures(&self) -> u32 {
+        self.health
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .consecutive_failures
+    }
+
+    // === models ===
+
+    /// Stores the models the endpoint serves (from discovery).
+    pub fn set_served_models(&self, models: impl IntoIterator<Item = ServedModel>) {
+        self.models
+            .store(Some(Arc::new(models.into_iter().collect())));
+    }
+
+    /// The served models (`None`: not discovered yet).
+    pub fn served_models(&self) -> Option<Arc<HashSet<ServedModel>>> {
+        self.models.load_full()
+    }
+
+    /// Whether the endpoint serves `model` as a base model or adapter id. `None` when the
+    /// models are not known yet.
+    pub fn serves(&self, model: &str) -> Option<bool> {
+        self.models
+            .load()
+            .as_ref()
+            .map(|set| set.iter().any(|m| m.id == model))
+    }
+
+    // === in-flight ===
+
+    /// Counts a request (and its uncached prompt tokens) as in flight until the guard drops.
+    pub fn begin_request(self: &Arc<Self>, uncached_tokens: u64) -> InFlightGuard {
+        self.in_flight_requests.fetch_add(1, Ordering::Relaxed);
+        self.in_flight_tokens
+            .fetch_add(uncached_tokens, Ordering::Relaxed);
+        InFlightGuard {
+            endpoint: Arc::clone(self),
+            tokens: uncached_tokens,
+        }
+    }
+
+    /// Requests in flight through this router.
+    pub fn in_flight_requests(&self) -> u64 {
+        self.in_flight_requests.load(Ordering::Relaxed)
+    }
+
+    /// Uncached prompt tokens of the requests in flight.
+    pub fn in_flight_tokens(&self) -> u64 {
+        self.in_flight_tokens.load(Ordering::Relaxed)
+    }
+
+    // === metrics ===
+
+    /// Stores a successful scrape.
+    pub fn store_metrics(&self, metrics: EngineMetrics, at: Instant) {
+        self.metrics
+            .store(Some(Arc::new(MetricsSnapshot { metrics, at })));
+        self.scrape_failing.store(0, Ordering::Relaxed);
+    }
+
+    /// Records a failed scrape: the endpoint's metrics count as stale until the next success.
+    pub fn mark_scrape_failed(&self) {
+        self.scrape_failing.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The last snapshot, whatever its age.
+    pub fn metrics_snapshot(&self) -> Option<Arc<MetricsSnapshot>> {
+        self.metrics.load_full()
+    }
+
+    /// Age of the last successful scrape at `now`.
+    pub fn metrics_age(&self, now: Instant) -> Option<Duration> {
+        self.metrics
+            .load()
+            .as_ref()
+            .map(|s| now.saturating_duration_since(s.at))
+    }
+
+    /// Calls `f` with the metrics as scorers see them at `now`.
+    pub fn with_metrics<R>(&self, now: Instant, f: impl FnOnce(MetricsView<'_>) -> R) -> R {
+        let guard = self.metrics.load();
+        match guard.as_ref() {
+            None => f(MetricsView::Missing),
+            Some(s)
+                if self.scrape_failing.load(Ordering::Relaxed) > 0
+                    || now.saturating_duration_since(s.at) > self.stale_after =>
+            {
+                f(MetricsView::Stale)
+            }
+            Some(s) => f(MetricsView::Fresh(&s.metrics)),
+        }
+    }
+
+    /// True when the metrics are missing, too old or the last scrape failed.
+    pub fn is_stale(&self, now: Instant) -> bool {
+        self.with_metrics(now, |m| m.fresh().is_none())
+    }
+}
+
+/// Holds one request's share of an endpoint's in-flight counters; dropping it releases them on
+/// every exit path (success, error, client disconnect, panic unwinding).
+#[derive(Debug)]
+pub struct InFlightGuard {
+    endpoint: Arc<EndpointState>,
+    tokens: u64,
+}
+
+impl InFlightGuard {
+    /// The endpoint this guard counts against.
+    pub fn endpoint(&self) -> &Arc<EndpointState> {
+        &self.endpoint
+    }
+}
+
+impl Drop for InFlightGuard {
+    fn drop(&mut self) {
+        self.endpoint
+            .in_flight_requests
+            .fetch_sub(1, Ordering::Relaxed);
+        self.endpoint
+            .in_flight_tokens
+            .fetch_sub(self.tokens, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    pub(crate) fn endpoint(url: &str, labels: &[(&str, &str)]) -> Arc<EndpointState> {
+        let init = EndpointInit {
+            labels: labels
+                .iter()
+                .map(|(k, v)| ((*k).into(), (*v).into()))
+                .collect(),
+            policy: HealthPolicy {
+                failure_threshold: 2,
+                ..HealthPolicy::default()
+            },
+            stale_after: Duration::from_millis(500),
+            kv_id: EndpointId(0),
+            index_block_size: 16,
+            has_kv_events: false,
+        };
+        Arc::new(EndpointState::new(url, init).unwrap())
+    }
+
+    #[test]
+    fn urls() {
+        let e = endpoint("http://h:1/prefix/", &[]);
+        assert_eq!(e.name(), "h:1");
+        assert_eq!(
+            e.uri_for("/v1/models").unwrap().to_string(),
+            "http://h:1/prefix/v1/models"
+        );
+        for bad in [
+            "https://h:1",
+            "h:1",
+            "http://",
+            "http://h:1/?q=1",
+            "not a url",
+        ] {
+            assert!(split_url(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn health_threshold_backoff_and_reprobe() {
+        let e = endpoint("http://h:1", &[]);
+        let t0 = Instant::now();
+        let s = Duration::from_secs(1);
+        assert_eq!(e.record_failure(t0), None, "under threshold");
+        assert!(e.is_healthy(t0));
+        assert_eq!(e.record_failure(t0), Some(s));
+        assert!(!e.is_healthy(t0));
+        assert!(e.is_healthy(t0 + s), "half-open after the period");
+        assert_eq!(e.record_failure(t0), Some(2 * s));
+        assert_eq!(e.record_failure(t0), Some(4 * s));
+        e.record_success();
+        assert!(e.is_healthy(t0));
+        assert_eq!(e.consecutive_failures(), 0);
+    }
+
+    #[test]
+    fn guard_releases_on_every_path() {
+        let e = endpoint("http://h:1", &[]);
+        {
+            let _a = e.begin_request(100);
+            let b = e.begin_request(50);
+            assert_eq!((e.in_flight_requests(), e.in_flight_tokens()), (2, 150));
+            drop(b);
+            assert_eq!((e.in_flight_requests(), e.in_flight_tokens()), (1, 100));
+        }
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let _g = e.begin_request(7);
+            panic!("boom");
+        }));
+        assert!(r.is_err());
+        assert_eq!((e.in_flight_requests(), e.in_flight_tokens()), (0, 0));
+    }
+
+    #[test]
+    fn metrics_staleness() {
+        let e = endpoint("http://h:1", &[]);
+        let t0 = Instant::now();
+        let view = |now| {
+            e.with_metrics(now, |m| {
+                format!("{m:?}").split('(').next().map(str::to_owned)
+            })
+        };
+        assert_eq!(view(t0).as_deref(), Some("Missing"));
+        e.store_metrics(EngineMetrics::default(), t0);
+        assert_eq!(view(t0).as_deref(), Some("Fresh"));
+        assert_eq!(
+            view(t0 + Duration::from_millis(600)).as_deref(),
+            Some("Stale")
+        );
+        e.mark_scrape_failed();
+        assert_eq!(
+            view(t0).as_deref(),
+            Some("Stale"),
+            "a failed scrape is stale at once"
+        );
+    }
+
+    #[test]
+    fn roles_from_labels() {
+        for (v, want) in [
+            (Some("prefill"), Role::Prefill),
+            (Some("decode"), Role::Decode),
+            (Some("prefill-decode"), Role::Both),
+            (Some("both"), Role::Both),
+            (Some("weird"), Role::Unlabelled),
+            (None, Role::Unlabelled),
+        ] {
+            assert_eq!(Role::from_label(v), want, "{v:?}");
+        }
+        let e = endpoint("http://h:1", &[(ROLE_LABEL, "prefill")]);
+        assert_eq!(e.role(), Role::Prefill);
+        e.set_labels([(ROLE_LABEL.to_owned(), "decode".to_owned())].into());
+        assert_eq!(e.role(), Role::Decode);
+    }
+}

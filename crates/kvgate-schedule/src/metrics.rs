@@ -1,0 +1,127 @@
+//! Prometheus metrics of the scheduler and the endpoint registry (`kvgate_schedule_*`).
+//!
+//! [`ScheduleMetrics::new`] registers every family in a `kvgate_schedule` sub-registry of the
+//! registry it is given; build it once per process and pass clones to every [`crate::Scheduler`]
+//! built on reload. Labels come from closed sets: decision kind, outcome reason, profile name,
+//! endpoint `host:port`.
+
+use std::sync::Arc;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+/// Scheduling cycles, by decision kind and outcome.
+pub(crate) const DECISIONS: &str = "decisions";
+/// Duration of one scheduling cycle.
+pub(crate) const DECISION_SECONDS: &str = "decision_duration_seconds";
+/// Endpoints picked, by profile and endpoint.
+pub(crate) const PICKS: &str = "picks";
+/// `/metrics` scrapes, by endpoint and outcome.
+pub(crate) const SCRAPES: &str = "scrapes";
+
+/// `{kind, outcome}` labels.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub(crate) struct DecisionLabels {
+    /// Decision kind from the profile handler (`single`, `decode-only`, `prefill-decode`) or
+    /// `none` on failure.
+    pub(crate) kind: &'static str,
+    /// `picked` or a [`crate::ScheduleError::reason`].
+    pub(crate) outcome: &'static str,
+}
+
+/// `{profile, endpoint}` labels.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub(crate) struct PickLabels {
+    pub(crate) profile: String,
+    pub(crate) endpoint: String,
+}
+
+/// `{endpoint, outcome}` labels.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub(crate) struct ScrapeLabels {
+    pub(crate) endpoint: String,
+    /// `ok`, `timeout`, `connect`, `status`, `body`.
+    pub(crate) outcome: &'static str,
+}
+
+/// The scheduler's metric families. Cheap to clone (shared handles).
+#[derive(Debug, Clone)]
+pub struct ScheduleMetrics {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    decisions: Family<DecisionLabels, Counter>,
+    duration: Histogram,
+    picks: Family<PickLabels, Counter>,
+    scrapes: Family<ScrapeLabels, Counter>,
+}
+
+impl ScheduleMetrics {
+    /// Creates the families and registers them under `kvgate_schedule` in `registry`.
+    pub fn new(registry: &mut Registry) -> ScheduleMetrics {
+        let inner = Inner {
+            decisions: Family::default(),
+            duration: Histogram::new(exponential_buckets(1e-6, 2.0, 20)),
+            picks: Family::default(),
+            scrapes: Family::default(),
+        };
+        let r = registry.sub_registry_with_prefix("kvgate_schedule");
+        r.register(
+            DECISIONS,
+            "Scheduling cycles by decision kind and outcome",
+            inner.decisions.clone(),
+        );
+        r.register(
+            DECISION_SECONDS,
+            "Duration of one scheduling cycle",
+            inner.duration.clone(),
+        );
+        r.register(PICKS, "Endpoints picked, by profile", inner.picks.clone());
+        r.register(
+            SCRAPES,
+            "Engine /metrics scrapes by outcome",
+            inner.scrapes.clone(),
+        );
+        ScheduleMetrics {
+            inner: Arc::new(inner),
+        }
+    }
+
+    /// Families registered nowhere (tests, benches).
+    pub fn unregistered() -> ScheduleMetrics {
+        ScheduleMetrics::new(&mut Registry::default())
+    }
+
+    pub(crate) fn decision(&self, kind: &'static str, outcome: &'static str, seconds: f64) {
+        self.inner
+            .decisions
+            .get_or_create(&DecisionLabels { kind, outcome })
+            .inc();
+        self.inner.duration.observe(seconds);
+    }
+
+    pub(crate) fn pick(&self, profile: &str, endpoint: &str) {
+        self.inner
+            .picks
+            .get_or_create(&PickLabels {
+                profile: profile.to_owned(),
+                endpoint: endpoint.to_owned(),
+            })
+            .inc();
+    }
+
+    pub(crate) fn scrape(&self, endpoint: &str, outcome: &'static str) {
+        self.inner
+            .scrapes
+            .get_or_create(&ScrapeLabels {
+                endpoint: endpoint.to_owned(),
+                outcome,
+            })
+            .inc();
+    }
+}

@@ -1,0 +1,147 @@
+use kvgate_kvcache::{IndexConfig, KvMetrics};
+
+use super::*;
+
+fn registry() -> EndpointRegistry {
+    let config = RegistryConfig {
+        scrape_interval_ms: 0,
+        ..RegistryConfig::default()
+    };
+    let handles = RegistryHandles {
+        kv_index: KvIndex::new(IndexConfig::default(), KvMetrics::unregistered()),
+        metrics: ScheduleMetrics::unregistered(),
+        cancel: CancellationToken::new(),
+    };
+    EndpointRegistry::new(config, handles).unwrap()
+}
+
+#[tokio::test]
+async fn reconcile_keeps_identity_and_drops_removed() {
+    let r = registry();
+    let a = EndpointConfig::new("http://a:1");
+    let b = EndpointConfig::new("http://b:1");
+    let rep = r.reconcile(&[a.clone(), b.clone()]).unwrap();
+    assert_eq!(rep.added.len(), 2);
+    let a_state = r.get("a:1").unwrap();
+    let b_state = r.get("b:1").unwrap();
+    let guard = b_state.begin_request(5);
+    r.kv_index().record_routing(
+        b_state.kv_id(),
+        &kvgate_kvcache::block_keys(
+            &[1; 32],
+            16,
+            kvgate_kvcache::KeyScope {
+                model: "m",
+                cache_salt: None,
+            },
+        ),
+    );
+    assert_eq!(r.kv_index().holdings(b_state.kv_id()), 2);
+
+    let mut a2 = a.clone();
+    a2.labels.insert("zone".into(), "z1".into());
+    let c = EndpointConfig::new("http://c:1/prefix");
+    let rep = r.reconcile(&[a2, c]).unwrap();
+    assert_eq!(
+        rep,
+        ReconcileReport {
+            added: vec!["http://c:1/prefix".into()],
+            removed: vec!["http://b:1".into()],
+            kept: vec!["http://a:1".into()]
+        }
+    );
+    assert!(
+        Arc::ptr_eq(&a_state, &r.get("a:1").unwrap()),
+        "same state object"
+    );
+    assert_eq!(
+        a_state.label("zone").as_deref(),
+        Some("z1"),
+        "labels updated in place"
+    );
+    assert!(r.get("b:1").is_none());
+    assert_eq!(
+        r.kv_index().holdings(b_state.kv_id()),
+        0,
+        "removed endpoint's holdings dropped"
+    );
+    assert_eq!(
+        b_state.in_flight_requests(),
+        1,
+        "in-flight request unaffected"
+    );
+    drop(guard);
+    let names: Vec<String> = r.endpoints().iter().map(|e| e.name().to_owned()).collect();
+    assert_eq!(names, vec!["a:1", "c:1"]);
+
+    let mut kv = EndpointConfig::new("http://a:1");
+    kv.kv_events = Some("tcp://127.0.0.1:1".into());
+    kv.model = Some("m".into());
+    let rep = r.reconcile(&[kv]).unwrap();
+    assert_eq!(
+        rep.added,
+        vec!["http://a:1".to_owned()],
+        "changed kv settings restart the endpoint"
+    );
+    assert!(r.has_kv_events());
+}
+
+#[tokio::test]
+async fn reconcile_validates_before_changing() {
+    let r = registry();
+    r.reconcile(&[EndpointConfig::new("http://a:1")]).unwrap();
+    let mut no_model = EndpointConfig::new("http://k:1");
+    no_model.kv_events = Some("tcp://k:5557".into());
+    let mut zero = EndpointConfig::new("http://z:1");
+    zero.block_size = Some(0);
+    let cases = [
+        (
+            "bad url",
+            vec![EndpointConfig::new("https://x:1")],
+            "only http",
+        ),
+        (
+            "duplicate",
+            vec![
+                EndpointConfig::new("http://d:1"),
+                EndpointConfig::new("http://d:1"),
+            ],
+            "twice",
+        ),
+        ("kv without model", vec![no_model], "needs `model`"),
+        ("zero block size", vec![zero], "block_size"),
+    ];
+    for (name, list, word) in cases {
+        let e = r.reconcile(&list).unwrap_err().to_string();
+        assert!(e.contains(word), "{name}: {e}");
+        assert_eq!(r.endpoints().len(), 1, "{name}: unchanged");
+    }
+}
+
+#[tokio::test]
+async fn realized_counters_and_snapshot() {
+    let r = registry();
+    r.reconcile(&[EndpointConfig::new("http://a:1")]).unwrap();
+    let a = r.get("a:1").unwrap();
+    r.record_realized(&a, 64, 64);
+    r.record_realized(&a, 64, 0);
+    let snap = r.snapshot(Instant::now());
+    let e = &snap.endpoints[0];
+    assert_eq!(
+        (
+            e.reported_requests,
+            e.predicted_tokens,
+            e.realized_tokens,
+            e.mispredicted_requests
+        ),
+        (2, 128, 64, 1)
+    );
+    assert!(e.metrics_stale && e.healthy);
+    let html = crate::debug::render_html(&snap);
+    assert!(
+        html.contains("<td>a:1</td>") && !html.contains("<script"),
+        "{html}"
+    );
+    let json = serde_json::to_value(&snap).unwrap();
+    assert_eq!(json["endpoints"][0]["realized_tokens"], 64);
+}

@@ -1,0 +1,272 @@
+//! The [`Scheduler`]: immutable profiles and plugins built from a [`SchedulerConfig`], and the
+//! scheduling cycle that turns a request and its candidate endpoints into a [`Decision`].
+//!
+//! Hold it in an `ArcSwap<Scheduler>` and load it once per request; a reload builds a new one
+//! and swaps it in while requests scheduled by the old one keep their decisions and guards.
+
+mod build;
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use kvgate_kvcache::KvIndex;
+
+use crate::config::SchedulerConfig;
+use crate::cycle::CycleState;
+use crate::decision::{Decision, Dropped, ProfileDecision, ScorerColumn};
+use crate::endpoint::EndpointState;
+use crate::error::{ConfigError, ScheduleError};
+use crate::framework::{Filter, Picker, ProfileHandler, ProfileRunSummary, ScoreOutcome, Scorer};
+use crate::metrics::ScheduleMetrics;
+
+/// What [`Scheduler::from_config`] needs besides the config.
+#[derive(Debug, Clone)]
+pub struct SchedulerHandles {
+    /// The shared KV index (cheap clone of one handle).
+    pub kv_index: KvIndex,
+    /// Scheduler metrics, created once per process.
+    pub metrics: ScheduleMetrics,
+    /// Whether any endpoint publishes KV events: picks the precise (true) or approximate
+    /// prefix scorer for the default profile. See [`crate::EndpointRegistry::has_kv_events`].
+    pub precise: bool,
+}
+
+#[derive(Debug)]
+pub(crate) struct WeightedScorer {
+    pub(crate) name: String,
+    pub(crate) short: String,
+    pub(crate) weight: f64,
+    pub(crate) scorer: Arc<dyn Scorer>,
+}
+
+#[derive(Debug)]
+pub(crate) struct Profile {
+    pub(crate) name: String,
+    pub(crate) filters: Vec<(String, Arc<dyn Filter>)>,
+    pub(crate) scorers: Arc<[WeightedScorer]>,
+    pub(crate) columns: Arc<[ScorerColumn]>,
+    pub(crate) picker: (String, Arc<dyn Picker>),
+}
+
+/// Profiles, plugins and a profile handler, immutable once built.
+#[derive(Debug)]
+pub struct Scheduler {
+    profiles: Vec<Profile>,
+    handler: Arc<dyn ProfileHandler>,
+    handler_type: &'static str,
+    metrics: ScheduleMetrics,
+}
+
+/// Longest chain of profile runs per request (guards against a looping handler).
+const MAX_RUNS: usize = 8;
+
+impl Scheduler {
+    /// Builds a scheduler. An empty config gets the default profile (see
+    /// [`SchedulerConfig::default_profile`]).
+    ///
+    /// # Errors
+    /// [`ConfigError::Invalid`] listing every unknown type, bad parameter, dangling reference,
+    /// duplicate name or misplaced plugin, each with its YAML line.
+    pub fn from_config(
+        config: &SchedulerConfig,
+        handles: &SchedulerHandles,
+    ) -> Result<Scheduler, ConfigError> {
+        build::from_config(config, handles)
+    }
+
+    /// Profile names in config order.
+    pub fn profile_names(&self) -> Vec<&str> {
+        self.profiles.iter().map(|p| p.name.as_str()).collect()
+    }
+
+    /// The profile handler's type name.
+    pub fn profile_handler(&self) -> &'static str {
+        self.handler_type
+    }
+
+    /// Runs one scheduling cycle over `candidates` (typically the healthy endpoints; filters
+    /// narrow them further). On success the decision holds in-flight guards for its picks;
+    /// keep it (or [`Decision::take_guards`]) until the request finishes.
+    ///
+    /// # Errors
+    /// [`ScheduleError::NoCandidates`] for an empty slice; otherwise the primary profile's
+    /// failure (e.g. [`ScheduleError::AllFiltered`]).
+    pub fn schedule(
+        &self,
+        cycle: &mut CycleState,
+        candidates: &[Arc<EndpointState>],
+    ) -> Result<Decision, ScheduleError> {
+        let start = Instant::now();
+        let result = self.schedule_inner(cycle, candidates, start);
+        let secs = start.elapsed().as_secs_f64();
+        match &result {
+            Ok(d) => {
+                self.metrics.decision(d.kind(), "picked", secs);
+                for run in d.runs() {
+                    self.metrics.pick(&run.profile, run.picked().name());
+                }
+                d.log();
+            }
+            Err(e) => {
+                self.metrics.decision("none", e.reason(), secs);
+                tracing::debug!(request_id = %cycle.facts().request_id, error = %e, "scheduling failed");
+            }
+        }
+        result
+    }
+
+    fn schedule_inner(
+        &self,
+        cycle: &mut CycleState,
+        candidates: &[Arc<EndpointState>],
+        start: Instant,
+    ) -> Result<Decision, ScheduleError> {
+        if candidates.is_empty() {
+            return Err(ScheduleError::NoCandidates);
+        }
+        let mut summaries: Vec<ProfileRunSummary> = Vec::new();
+        let mut runs: Vec<Result<ProfileDecision, ScheduleError>> = Vec::new();
+        while summaries.len() < MAX_RUNS {
+            let Some(p) = self.handler.next_profile(cycle, &summaries) else {
+                break;
+            };
+            let Some(profile) = self.profiles.get(p) else {
+                break;
+            };
+            let run = run_profile(profile, cycle, candidates);
+            summaries.push(ProfileRunSummary {
+                profile: p,
+                picked: run.is_ok(),
+                predicted_cached_tokens: run
+                    .as_ref()
+                    .ok()
+                    .and_then(|r| r.predicted_cached_tokens)
+                    .unwrap_or(0),
+                endpoint: run.as_ref().ok().map(|r| r.picked().name().to_owned()),
+            });
+            runs.push(run);
+        }
+        let Some(result) = self.handler.finish(cycle, &summaries) else {
+            let first_err = runs.into_iter().find_map(Result::err);
+            return Err(first_err.unwrap_or(ScheduleError::NoPrimary {
+                handler: self.handler_type,
+            }));
+        };
+        let mut ok = Vec::new();
+        let mut failed = Vec::new();
+        let mut primary = None;
+        for (i, (run, summary)) in runs.into_iter().zip(&summaries).enumerate() {
+            let name = self
+                .profiles
+                .get(summary.profile)
+                .map_or("", |p| p.name.as_str());
+            match run {
+                Ok(d) => {
+                    if i == result.primary {
+                        primary = Some(ok.len());
+                    }
+                    ok.push(d);
+                }
+                Err(e) => failed.push((name.to_owned(), e)),
+            }
+        }
+        let primary = primary.ok_or(ScheduleError::NoPrimary {
+            handler: self.handler_type,
+        })?;
+        Ok(Decision::new(
+            cycle,
+            ok,
+            primary,
+            failed,
+            result,
+            start.elapsed(),
+        ))
+    }
+}
+
+/// Filters, scores and picks within one profile.
+fn run_profile(
+    profile: &Profile,
+    cycle: &mut CycleState,
+    candidates: &[Arc<EndpointState>],
+) -> Result<ProfileDecision, ScheduleError> {
+    let _ = cycle.take_prefix_match();
+    let mut alive: Vec<&Arc<EndpointState>> = candidates.iter().collect();
+    let mut dropped = Vec::new();
+    let mut keep = Vec::with_capacity(alive.len());
+    for (fname, filter) in &profile.filters {
+        let view: Vec<&EndpointState> = alive.iter().map(|e| &***e).collect();
+        keep.clear();
+        keep.resize(view.len(), true);
+        filter.filter(cycle, &view, &mut keep);
+        if keep.iter().all(|k| *k) {
+            continue;
+        }
+        let mut i = 0;
+        alive.retain(|e| {
+            let k = keep.get(i).copied().unwrap_or(true);
+            i += 1;
+            if !k {
+                dropped.push(Dropped {
+                    endpoint: Arc::clone(e),
+                    filter: fname.clone(),
+                });
+            }
+            k
+        });
+        if alive.is_empty() {
+            return Err(ScheduleError::AllFiltered {
+                profile: profile.name.clone(),
+                filter: fname.clone(),
+            });
+        }
+    }
+    let view: Vec<&EndpointState> = alive.iter().map(|e| &***e).collect();
+    let n = view.len();
+    let mut raw = vec![0.0; n * profile.scorers.len()];
+    let mut totals = vec![0.0; n];
+    let mut skipped = Vec::new();
+    let mut scratch = vec![0.0; n];
+    for (j, ws) in profile.scorers.iter().enumerate() {
+        scratch.fill(0.0);
+        match ws.scorer.score(cycle, &view, &mut scratch) {
+            ScoreOutcome::Scored => {
+                for (i, s) in scratch.iter().enumerate() {
+                    let s = if s.is_nan() { 0.0 } else { s.clamp(0.0, 1.0) };
+                    raw[i * profile.scorers.len() + j] = s;
+                    totals[i] += s * ws.weight;
+                }
+            }
+            ScoreOutcome::Skipped(reason) => skipped.push((ws.name.clone(), reason)),
+        }
+    }
+    let (pname, picker) = &profile.picker;
+    let Some(pick) = picker.pick(cycle, &totals).filter(|i| *i < n) else {
+        return Err(ScheduleError::NoPick {
+            profile: profile.name.clone(),
+            picker: pname.clone(),
+        });
+    };
+    for ws in profile.scorers.iter() {
+        ws.scorer.after_pick(cycle, view[pick]);
+    }
+    let prefix = cycle.take_prefix_match();
+    let predicted_cached_tokens = prefix
+        .as_ref()
+        .map(|m| m.predicted_tokens(view[pick].kv_id()));
+    Ok(ProfileDecision {
+        profile: profile.name.clone(),
+        picked_index: pick,
+        candidates: alive.into_iter().cloned().collect(),
+        scorers: Arc::clone(&profile.columns),
+        raw,
+        totals,
+        skipped,
+        dropped,
+        prefix,
+        predicted_cached_tokens,
+    })
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,298 @@
+use std::time::Instant;
+
+use kvgate_kvcache::{BlockStored, EndpointKey, EndpointSpec, IndexConfig, KvEvent, KvMetrics};
+
+use super::*;
+use crate::config::SchedulerConfig;
+use crate::cycle::RequestFacts;
+use crate::endpoint::ROLE_LABEL;
+use crate::test_util::{Ep, ep, facts};
+
+fn handles(precise: bool) -> SchedulerHandles {
+    SchedulerHandles {
+        kv_index: KvIndex::new(IndexConfig::default(), KvMetrics::unregistered()),
+        metrics: ScheduleMetrics::unregistered(),
+        precise,
+    }
+}
+
+fn build(yaml: &str) -> Result<Scheduler, ConfigError> {
+    Scheduler::from_config(&SchedulerConfig::from_yaml(yaml)?, &handles(true))
+}
+
+fn lines(e: &ConfigError) -> Vec<u32> {
+    e.issues().iter().map(|i| i.line).collect()
+}
+
+#[test]
+fn config_errors_name_the_line() {
+    // (name, yaml, expected line, word in message)
+    let cases = [
+        (
+            "unknown type",
+            "plugins:\n  - type: queue-scorer\n  - type: quue-scorer\nprofiles:\n  - name: p\n    plugins: [{ ref: queue-scorer }]\n",
+            3,
+            "unknown plugin type `quue-scorer`",
+        ),
+        (
+            "unknown parameter",
+            "plugins:\n  - type: token-load-scorer\n    parameters:\n      queue_threshold_tokens: 10\n      typo_tokens: 5\n",
+            5,
+            "typo_tokens",
+        ),
+        (
+            "bad parameter type",
+            "plugins:\n  - type: role-filter\n    parameters:\n\n      role: sideways\n",
+            5,
+            "sideways",
+        ),
+        (
+            "bad parameter value",
+            "plugins:\n  - type: token-load-scorer\n    parameters: { queue_threshold_tokens: 0 }\n",
+            3,
+            "queue_threshold_tokens",
+        ),
+        (
+            "dangling ref",
+            "plugins:\n  - type: queue-scorer\nprofiles:\n  - name: p\n    plugins:\n      - { ref: queue-scorer, weight: 2 }\n      - { ref: kv-scorer }\n",
+            7,
+            "no plugin named `kv-scorer`",
+        ),
+        (
+            "weight on a picker",
+            "plugins:\n  - type: max-score-picker\nprofiles:\n  - name: p\n    plugins:\n      - { ref: max-score-picker, weight: 2 }\n",
+            6,
+            "only scorers take a weight",
+        ),
+        (
+            "handler references an unknown profile",
+            "plugins:\n  - type: queue-scorer\nscheduling:\n  profile_handler:\n    type: pd-profile-handler\n    parameters: { decode_profile: default, prefill_profile: nope }\n",
+            6,
+            "nope",
+        ),
+    ];
+    for (name, yaml, line, word) in cases {
+        let e = build(yaml).unwrap_err();
+        assert_eq!(lines(&e), vec![line], "{name}: {e}");
+        let msg = e.to_string();
+        assert!(msg.contains(word), "{name}: {msg}");
+        assert!(msg.contains(&format!("line {line}")), "{name}: {msg}");
+    }
+}
+
+#[test]
+fn every_error_is_collected() {
+    let yaml = "plugins:\n  - type: nope-scorer\n  - type: queue-scorer\n    parameters: { x: 1 }\nprofiles:\n  - name: p\n    plugins: [{ ref: gone }]\n";
+    let e = build(yaml).unwrap_err();
+    assert_eq!(lines(&e), vec![2, 4, 7], "{e}");
+}
+
+#[test]
+fn defaults_and_implicit_profile() {
+    let s = Scheduler::from_config(&SchedulerConfig::default(), &handles(true)).unwrap();
+    assert_eq!(s.profile_names(), vec!["default"]);
+    let names: Vec<&str> = s.profiles[0]
+        .scorers
+        .iter()
+        .map(|w| w.name.as_str())
+        .collect();
+    let weights: Vec<f64> = s.profiles[0].scorers.iter().map(|w| w.weight).collect();
+    assert_eq!(
+        names,
+        vec![
+            "precise-prefix-cache-scorer",
+            "queue-scorer",
+            "kv-cache-utilization-scorer"
+        ]
+    );
+    assert_eq!(weights, vec![3.0, 2.0, 2.0]);
+    assert_eq!(s.profiles[0].picker.0, "max-score-picker");
+    assert_eq!(s.profile_handler(), "single-profile-handler");
+    let approx = Scheduler::from_config(&SchedulerConfig::default(), &handles(false)).unwrap();
+    assert_eq!(
+        approx.profiles[0].scorers[0].name,
+        "approx-prefix-cache-scorer"
+    );
+    let implicit = build("plugins:\n  - type: queue-scorer\n  - type: random-picker\n").unwrap();
+    assert_eq!(implicit.profiles[0].scorers.len(), 1);
+    assert_eq!(implicit.profiles[0].picker.0, "random-picker");
+}
+
+fn schedule(s: &Scheduler, eps: &[Ep], f: RequestFacts) -> Result<Decision, ScheduleError> {
+    let now = Instant::now();
+    let built: Vec<Arc<EndpointState>> = eps.iter().map(|e| e.build(now)).collect();
+    let mut cycle = CycleState::new(f, now);
+    s.schedule(&mut cycle, &built)
+}
+
+#[test]
+fn picks_by_weighted_scores_and_explains() {
+    let s = build(
+        "plugins:\n  - type: queue-scorer\n  - type: kv-cache-utilization-scorer\n    name: kv\n  - type: role-filter\nprofiles:\n  - name: main\n    plugins:\n      - { ref: role-filter }\n      - { ref: queue-scorer, weight: 1 }\n      - { ref: kv, weight: 3 }\n",
+    )
+    .unwrap();
+    let eps = [
+        ep("a:1").waiting(0.0).kv(0.9),
+        ep("b:1").waiting(10.0).kv(0.1),
+        ep("p:1").label(ROLE_LABEL, "prefill").waiting(0.0).kv(0.0),
+    ];
+    let d = schedule(&s, &eps, facts()).unwrap();
+    assert_eq!(
+        d.endpoint().name(),
+        "b:1",
+        "kv weight 3 beats queue weight 1"
+    );
+    let run = d.primary();
+    assert_eq!(run.dropped.len(), 1);
+    assert_eq!(
+        (
+            run.dropped[0].endpoint.name(),
+            run.dropped[0].filter.as_str()
+        ),
+        ("p:1", "role-filter")
+    );
+    assert_eq!(run.totals.len(), 2);
+    assert!((run.weighted_score(1, 1) - 2.7).abs() < 1e-9);
+    assert_eq!(
+        d.scores_header(),
+        "ep=b:1 total=2.70 queue=0.00 kv=0.90; ep=a:1 total=1.30 queue=1.00 kv=0.10"
+    );
+    assert_eq!(d.kind(), "single");
+    assert_eq!(d.predicted_cached_tokens(), None);
+    let view = serde_json::to_value(d.to_view()).unwrap();
+    assert_eq!(view["runs"][0]["dropped"][0][1], "role-filter");
+}
+
+#[test]
+fn errors_are_typed() {
+    let s = build("plugins:\n  - type: role-filter\n    parameters: { role: prefill }\n").unwrap();
+    assert_eq!(
+        schedule(&s, &[], facts()).unwrap_err(),
+        ScheduleError::NoCandidates
+    );
+    assert_eq!(
+        schedule(&s, &[ep("a:1")], facts()).unwrap_err(),
+        ScheduleError::AllFiltered {
+            profile: "default".into(),
+            filter: "role-filter".into()
+        }
+    );
+}
+
+#[test]
+fn guards_count_in_flight_until_dropped() {
+    let s = Scheduler::from_config(&SchedulerConfig::default(), &handles(false)).unwrap();
+    let now = Instant::now();
+    let e = ep("a:1").build(now);
+    let mut cycle = CycleState::new(facts().with_tokens(vec![1; 40], false, vec![]), now);
+    let mut d = s.schedule(&mut cycle, std::slice::from_ref(&e)).unwrap();
+    assert_eq!((e.in_flight_requests(), e.in_flight_tokens()), (1, 40));
+    let guards = d.take_guards();
+    drop(d);
+    assert_eq!(e.in_flight_requests(), 1, "guards outlive the decision");
+    drop(guards);
+    assert_eq!((e.in_flight_requests(), e.in_flight_tokens()), (0, 0));
+}
+
+const PD: &str = "plugins:
+  - type: role-filter
+    name: decode-filter
+  - type: role-filter
+    name: prefill-filter
+    parameters: { role: prefill }
+  - type: precise-prefix-cache-scorer
+    parameters: { speculative: false }
+  - type: queue-scorer
+profiles:
+  - name: prefill
+    plugins: [{ ref: prefill-filter }, { ref: queue-scorer }]
+  - name: decode
+    plugins: [{ ref: decode-filter }, { ref: precise-prefix-cache-scorer, weight: 3 }, { ref: queue-scorer }]
+scheduling:
+  profile_handler:
+    type: pd-profile-handler
+    parameters: { non_cached_tokens: 32 }
+";
+
+#[test]
+fn prefill_decode_disaggregation() {
+    let h = handles(true);
+    for a in ["d1:1", "d2:1", "p1:1"] {
+        h.kv_index.register_endpoint(EndpointSpec {
+            key: EndpointKey::new(a, 0),
+            model: "m".into(),
+            block_size: 16,
+            capacity_blocks: None,
+        });
+    }
+    // d1 holds the first 4 blocks (64 tokens).
+    h.kv_index.apply_event(
+        kvgate_kvcache::EndpointId(0),
+        &KvEvent::BlockStored(BlockStored {
+            block_hashes: (1..=4u64).map(Into::into).collect(),
+            token_ids: (0..64).collect(),
+            block_size: 16,
+            ..BlockStored::default()
+        }),
+    );
+    let s = Scheduler::from_config(&SchedulerConfig::from_yaml(PD).unwrap(), &h).unwrap();
+    let eps = || {
+        vec![
+            ep("d1:1")
+                .label(ROLE_LABEL, "decode")
+                .kv_id(0, true)
+                .waiting(5.0),
+            ep("d2:1")
+                .label(ROLE_LABEL, "decode")
+                .kv_id(1, true)
+                .waiting(0.0),
+            ep("p1:1")
+                .label(ROLE_LABEL, "prefill")
+                .kv_id(2, true)
+                .waiting(0.0),
+        ]
+    };
+    let toks =
+        |from: u32, to: u32| facts().with_tokens((from..to).collect::<Vec<u32>>(), true, vec![]);
+    // (name, prompt token range, decode pick, prefiller header)
+    let cases = [
+        ("cached prefix, short suffix: local", (0, 80), "d1:1", None),
+        (
+            "long uncached suffix: remote prefill",
+            (0, 96),
+            "d1:1",
+            Some("p1:1"),
+        ),
+        (
+            "cold short prompt: local, shortest queue",
+            (1000, 1020),
+            "d2:1",
+            None,
+        ),
+        (
+            "cold long prompt: remote prefill",
+            (1000, 1100),
+            "d2:1",
+            Some("p1:1"),
+        ),
+    ];
+    for (name, (from, to), decode, prefiller) in cases {
+        let d = schedule(&s, &eps(), toks(from, to)).unwrap();
+        assert_eq!(d.endpoint().name(), decode, "{name}");
+        assert_eq!(d.prefiller_host_port(), prefiller, "{name}");
+        assert_eq!(
+            d.kind(),
+            if prefiller.is_some() {
+                "prefill-decode"
+            } else {
+                "decode-only"
+            },
+            "{name}"
+        );
+    }
+    // No prefill endpoint healthy: decode locally, the failed run is reported.
+    let only_decode: Vec<Ep> = eps().into_iter().take(2).collect();
+    let d = schedule(&s, &only_decode, toks(0, 96)).unwrap();
+    assert_eq!((d.prefiller_host_port(), d.failed().len()), (None, 1));
+    assert!(d.scores_header().starts_with("ep=d1:1"));
+}

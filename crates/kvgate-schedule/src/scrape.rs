@@ -1,0 +1,144 @@
+//! One task per endpoint polls `{url}{metrics_path}` and stores the extracted
+//! [`EngineMetrics`] in the endpoint's state. A slow or failing scrape only marks the state
+//! stale (scorers then treat the signals as missing); it never blocks routing.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Empty, Limited};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use kvgate_kvcache::KvIndex;
+use tokio_util::sync::CancellationToken;
+
+use crate::endpoint::EndpointState;
+use crate::metrics::ScheduleMetrics;
+use crate::prom::EngineMetrics;
+
+/// Largest `/metrics` body read.
+const MAX_METRICS_BODY: usize = 8 << 20;
+
+/// The HTTP client scrapes share.
+pub(crate) type ScrapeClient = Client<HttpConnector, Empty<Bytes>>;
+
+pub(crate) fn client() -> ScrapeClient {
+    let mut connector = HttpConnector::new();
+    connector.set_nodelay(true);
+    connector.set_connect_timeout(Some(Duration::from_secs(1)));
+    Client::builder(TokioExecutor::new())
+        .pool_idle_timeout(Duration::from_secs(30))
+        .build(connector)
+}
+
+/// Why one scrape failed (`outcome` metric label).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ScrapeFailure {
+    Timeout,
+    Connect,
+    Status,
+    Body,
+}
+
+impl ScrapeFailure {
+    fn label(self) -> &'static str {
+        match self {
+            ScrapeFailure::Timeout => "timeout",
+            ScrapeFailure::Connect => "connect",
+            ScrapeFailure::Status => "status",
+            ScrapeFailure::Body => "body",
+        }
+    }
+}
+
+/// Everything one endpoint's scrape loop needs.
+#[derive(Debug)]
+pub(crate) struct ScrapeTask {
+    pub(crate) endpoint: Arc<EndpointState>,
+    pub(crate) client: ScrapeClient,
+    pub(crate) path: String,
+    pub(crate) interval: Duration,
+    pub(crate) timeout: Duration,
+    pub(crate) index: KvIndex,
+    pub(crate) metrics: ScheduleMetrics,
+}
+
+impl ScrapeTask {
+    /// Polls until `cancel` fires.
+    pub(crate) async fn run(self, cancel: CancellationToken) {
+        let mut tick = tokio::time::interval(self.interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut last_blocks: Option<u64> = None;
+        let mut warned = false;
+        loop {
+            tokio::select! {
+                () = cancel.cancelled() => return,
+                _ = tick.tick() => {}
+            }
+            let result = tokio::select! {
+                () = cancel.cancelled() => return,
+                r = tokio::time::timeout(self.timeout, self.fetch()) => r.unwrap_or(Err(ScrapeFailure::Timeout)),
+            };
+            match result {
+                Ok(m) => {
+                    self.metrics.scrape(self.endpoint.name(), "ok");
+                    warned = false;
+                    if m.num_blocks != last_blocks {
+                        last_blocks = m.num_blocks;
+                        self.resize_index(&m);
+                    }
+                    self.endpoint.store_metrics(m, Instant::now());
+                }
+                Err(f) => {
+                    self.metrics.scrape(self.endpoint.name(), f.label());
+                    self.endpoint.mark_scrape_failed();
+                    if !warned {
+                        warned = true;
+                        tracing::warn!(endpoint = %self.endpoint.name(), reason = f.label(), "metrics scrape failed; endpoint metrics stale");
+                    }
+                }
+            }
+        }
+    }
+
+    async fn fetch(&self) -> Result<EngineMetrics, ScrapeFailure> {
+        let uri = self
+            .endpoint
+            .uri_for(&self.path)
+            .map_err(|_| ScrapeFailure::Connect)?;
+        let req = http::Request::get(uri)
+            .header(http::header::HOST, self.endpoint.authority().as_str())
+            .body(Empty::new())
+            .map_err(|_| ScrapeFailure::Connect)?;
+        let resp = self
+            .client
+            .request(req)
+            .await
+            .map_err(|_| ScrapeFailure::Connect)?;
+        if !resp.status().is_success() {
+            return Err(ScrapeFailure::Status);
+        }
+        let body = Limited::new(resp.into_body(), MAX_METRICS_BODY)
+            .collect()
+            .await
+            .map_err(|_| ScrapeFailure::Body)?
+            .to_bytes();
+        let text = std::str::from_utf8(&body).map_err(|_| ScrapeFailure::Body)?;
+        Ok(EngineMetrics::from_text(text))
+    }
+
+    /// Approximate mode: bound the endpoint's routed holdings by its real KV capacity.
+    fn resize_index(&self, m: &EngineMetrics) {
+        let ep = &self.endpoint;
+        if ep.has_kv_events() {
+            return;
+        }
+        if let (Some(blocks), Some(bs)) = (m.num_blocks, m.block_size) {
+            let router_bs = u64::from(ep.index_block_size().max(1));
+            let capacity = blocks.saturating_mul(u64::from(bs)) / router_bs;
+            self.index
+                .set_capacity(ep.kv_id(), usize::try_from(capacity).unwrap_or(usize::MAX));
+        }
+    }
+}

@@ -1,0 +1,303 @@
+//! Command-line flags of `kvgate sim` ([`SimArgs`]), named after vLLM's where vLLM has one.
+
+use std::path::PathBuf;
+
+use clap::{Args, ValueEnum};
+
+use crate::SimError;
+use crate::hashing::HashAlgo;
+
+/// The Qwen3 test tokenizer bundled in the repository.
+pub const BUNDLED_TOKENIZER: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../../testdata/tokenizers/qwen3"
+);
+
+/// KV event encoding on the wire.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum EventEncoding {
+    /// Tagged msgpack maps `{"type": "BlockStored", …}` (vLLM ≥ 0.24).
+    Map,
+    /// Positional msgpack arrays `["BlockStored", …]` (vLLM ≤ 0.23, 12-field `BlockStored`).
+    Array,
+}
+
+/// A vLLM-faithful engine simulator: OpenAI API, paged prefix cache, KV events over ZMQ,
+/// `/render`, `/metrics`.
+#[derive(Debug, Clone, Args)]
+pub struct SimArgs {
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+
+    /// HTTP port of the first instance (instance i listens on port + i; 0 picks free ports).
+    #[arg(long, default_value_t = 8000)]
+    pub port: u16,
+
+    /// Model name (reported by /v1/models as the root; served under this name unless
+    /// --served-model-name is given).
+    #[arg(long, default_value = "Qwen/Qwen3-0.6B")]
+    pub model: String,
+
+    /// Names the model is served under (repeatable; the first is used in metrics).
+    #[arg(long = "served-model-name", num_args = 1..)]
+    pub served_model_name: Vec<String>,
+
+    /// LoRA adapters as name=path (repeatable). Requests select one through `model`.
+    #[arg(long = "lora-modules", num_args = 1..)]
+    pub lora_modules: Vec<String>,
+
+    /// Maximum number of distinct LoRA adapters in one batch.
+    #[arg(long, default_value_t = 1)]
+    pub max_loras: usize,
+
+    /// Tokenizer directory (tokenizer.json[.gz], tokenizer_config.json[.gz]); defaults to the
+    /// bundled Qwen3 tokenizer.
+    #[arg(long)]
+    pub tokenizer: Option<PathBuf>,
+
+    /// Maximum prompt + output length in tokens.
+    #[arg(long, default_value_t = 32768)]
+    pub max_model_len: usize,
+
+    /// Maximum number of running requests per engine; the rest wait in a FIFO queue.
+    #[arg(long, default_value_t = 256)]
+    pub max_num_seqs: usize,
+
+    /// Token budget of one engine step (longer prefills are chunked).
+    #[arg(long, default_value_t = 8192)]
+    pub max_num_batched_tokens: usize,
+
+    /// KV-cache blocks per engine, including vLLM's reserved null block.
+    #[arg(long, default_value_t = 8192)]
+    pub num_gpu_blocks: usize,
+
+    /// Tokens per KV-cache block.
+    #[arg(long, default_value_t = 16)]
+    pub block_size: usize,
+
+    /// Prefix-cache block hash (vLLM's pickle-based `sha256`/`xxhash` are not simulated).
+    /// NONE_HASH comes from PYTHONHASHSEED when set, else "vllm-none-hash" (sha256_cbor)
+    /// or a random seed (xxhash_cbor), as vLLM 0.33.
+    #[arg(long, value_enum, default_value_t = HashAlgo::Sha256Cbor)]
+    pub prefix_caching_hash_algo: HashAlgo,
+
+    /// Fixed cost of a step that prefills, in milliseconds.
+    #[arg(long, default_value_t = 10.0)]
+    pub prefill_base_ms: f64,
+
+    /// Prefill speed in tokens per second (0 = instantaneous). TTFT = queue wait +
+    /// prefill_base_ms + uncached_prompt_tokens / prefill_tokens_per_s.
+    #[arg(long, default_value_t = 20000.0)]
+    pub prefill_tokens_per_s: f64,
+
+    /// Inter-token latency of a decode step, in milliseconds.
+    #[arg(long, default_value_t = 15.0)]
+    pub itl_ms: f64,
+
+    /// Step slowdown per additional sequence in the batch (0.01 = +1% each); applies to
+    /// prefill and decode.
+    #[arg(long, default_value_t = 0.01)]
+    pub batch_slowdown: f64,
+
+    /// Output length when a request sets no max_tokens (finish_reason "stop").
+    #[arg(long, default_value_t = 16)]
+    pub default_max_tokens: usize,
+
+    /// KV events PUB endpoint (vLLM rules: "*" or "::" binds, a host name connects; port 0
+    /// binds an ephemeral port). DP rank r and instance i use port + i × dp + r.
+    #[arg(long, default_value = "tcp://*:5557")]
+    pub kv_events_endpoint: String,
+
+    /// Disable KV events.
+    #[arg(long)]
+    pub no_kv_events: bool,
+
+    /// ROUTER endpoint answering replay requests (disabled when unset); offset like
+    /// --kv-events-endpoint.
+    #[arg(long)]
+    pub kv_events_replay_endpoint: Option<String>,
+
+    /// Topic (frame 0) of every event message. "{host}", "{port}" (the instance's HTTP
+    /// port) and "{model}" are substituted, e.g. "kv@{host}:{port}@{model}" for llm-d.
+    #[arg(long, default_value = "")]
+    pub kv_events_topic: String,
+
+    /// Event encoding: map (vLLM ≥ 0.24) or array (vLLM ≤ 0.23).
+    #[arg(long, value_enum, default_value_t = EventEncoding::Map)]
+    pub kv_events_encoding: EventEncoding,
+
+    /// Number of past event batches kept for replay.
+    #[arg(long, default_value_t = 10000)]
+    pub kv_events_buffer_steps: usize,
+
+    /// Engine cores (DP ranks) behind each instance's HTTP port; each has its own KV cache
+    /// and publishes on the events port + rank.
+    #[arg(long, default_value_t = 1)]
+    pub data_parallel_size: usize,
+
+    /// Independent engines to start in this process, on consecutive HTTP and event ports.
+    #[arg(long, default_value_t = 1)]
+    pub instances: usize,
+
+    /// Fault: after this many requests an instance's engines die (requests get 500,
+    /// /health 503).
+    #[arg(long)]
+    pub fail_after: Option<u64>,
+
+    /// Fault: probability of dropping a KV event batch on the wire (it stays replayable).
+    #[arg(long, default_value_t = 0.0)]
+    pub drop_event_batches: f64,
+
+    /// Fault: restart every engine after this many seconds (cache lost without
+    /// AllBlocksCleared, event seq back to 0, in-flight requests fail).
+    #[arg(long)]
+    pub restart_every: Option<f64>,
+
+    /// Seed of the fault-injection random generator.
+    #[arg(long, default_value_t = 0)]
+    pub fault_seed: u64,
+}
+
+impl SimArgs {
+    /// Defaults, as if run with no flags.
+    pub fn defaults() -> SimArgs {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct Wrap {
+            #[command(flatten)]
+            args: SimArgs,
+        }
+        // invariant: the defaults always parse (covered by the args tests).
+        match Wrap::try_parse_from(["sim"]) {
+            Ok(w) => w.args,
+            Err(e) => unreachable!("default SimArgs must parse: {e}"),
+        }
+    }
+
+    /// The tokenizer directory to load.
+    pub fn tokenizer_dir(&self) -> PathBuf {
+        self.tokenizer
+            .clone()
+            .unwrap_or_else(|| PathBuf::from(BUNDLED_TOKENIZER))
+    }
+
+    /// Served model names (defaults to `--model`).
+    pub fn served_names(&self) -> Vec<String> {
+        if self.served_model_name.is_empty() {
+            vec![self.model.clone()]
+        } else {
+            self.served_model_name.clone()
+        }
+    }
+
+    /// `--lora-modules` as (name, path) pairs.
+    ///
+    /// # Errors
+    /// [`SimError::InvalidArg`] for an entry without `=`.
+    pub fn lora_pairs(&self) -> Result<Vec<(String, String)>, SimError> {
+        self.lora_modules
+            .iter()
+            .map(|m| match m.split_once('=') {
+                Some((n, p)) if !n.is_empty() => Ok((n.to_owned(), p.to_owned())),
+                _ => Err(SimError::InvalidArg(format!(
+                    "--lora-modules {m}: expected name=path"
+                ))),
+            })
+            .collect()
+    }
+
+    /// Checks ranges and combinations.
+    ///
+    /// # Errors
+    /// [`SimError::InvalidArg`] naming the first bad flag.
+    pub fn validate(&self) -> Result<(), SimError> {
+        let bad = |m: &str| Err(SimError::InvalidArg(m.to_owned()));
+        if self.block_size == 0 {
+            return bad("--block-size must be > 0");
+        }
+        if self.num_gpu_blocks < 2 {
+            return bad("--num-gpu-blocks must be >= 2 (one is the null block)");
+        }
+        if self.max_num_seqs == 0 || self.max_num_batched_tokens == 0 {
+            return bad("--max-num-seqs and --max-num-batched-tokens must be > 0");
+        }
+        if self.instances == 0 || self.data_parallel_size == 0 {
+            return bad("--instances and --data-parallel-size must be > 0");
+        }
+        if !(0.0..=1.0).contains(&self.drop_event_batches) {
+            return bad("--drop-event-batches must be within [0, 1]");
+        }
+        if self.prefill_base_ms < 0.0
+            || self.itl_ms < 0.0
+            || self.prefill_tokens_per_s < 0.0
+            || self.batch_slowdown < 0.0
+        {
+            return bad("latency flags must be >= 0");
+        }
+        if self
+            .restart_every
+            .is_some_and(|s| !(s > 0.0 && s.is_finite()))
+        {
+            return bad("--restart-every must be > 0 seconds");
+        }
+        if self.max_loras == 0 && !self.lora_modules.is_empty() {
+            return bad("--max-loras must be > 0 with --lora-modules");
+        }
+        self.lora_pairs()?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Wrap {
+        #[command(flatten)]
+        args: SimArgs,
+    }
+
+    #[test]
+    fn defaults_parse_and_validate() {
+        let a = SimArgs::defaults();
+        assert_eq!(a.block_size, 16);
+        assert_eq!(a.kv_events_encoding, EventEncoding::Map);
+        assert!(a.validate().is_ok());
+        assert!(a.tokenizer_dir().ends_with("testdata/tokenizers/qwen3"));
+    }
+
+    #[test]
+    fn repeatable_flags_and_validation() {
+        let parse = |v: &[&str]| {
+            Wrap::try_parse_from(std::iter::once("sim").chain(v.iter().copied())).map(|w| w.args)
+        };
+        let a = parse(&[
+            "--served-model-name",
+            "a",
+            "b",
+            "--lora-modules",
+            "x=/p",
+            "--lora-modules",
+            "y=/q",
+        ])
+        .unwrap();
+        assert_eq!(a.served_names(), vec!["a", "b"]);
+        assert_eq!(
+            a.lora_pairs().unwrap(),
+            vec![("x".into(), "/p".into()), ("y".into(), "/q".into())]
+        );
+        let cases: Vec<(&str, Vec<&str>)> = vec![
+            ("block size", vec!["--block-size", "0"]),
+            ("blocks", vec!["--num-gpu-blocks", "1"]),
+            ("drop", vec!["--drop-event-batches", "1.5"]),
+            ("lora", vec!["--lora-modules", "nopath"]),
+            ("restart", vec!["--restart-every", "0"]),
+        ];
+        for (name, flags) in cases {
+            assert!(parse(&flags).unwrap().validate().is_err(), "{name}");
+        }
+    }
+}

@@ -1,0 +1,136 @@
+//! Local-backend throughput: a cold ~4k-token chat, and an 8-turn conversation cold vs
+//! with the earlier turns in the segment cache (each iteration's last user turn is new).
+//! Run: `cargo bench -p kvgate-tokenize --bench tokenize`.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: panics are failures
+
+use std::hint::black_box;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use kvgate_request::Api;
+use kvgate_tokenize::{LocalOptions, LocalTokenizer};
+use serde_json::json;
+
+fn load(cache_tokens: u64) -> LocalTokenizer {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../testdata/tokenizers/qwen3");
+    LocalTokenizer::load(
+        &dir,
+        LocalOptions {
+            prefix_cache_max_tokens: cache_tokens,
+        },
+    )
+    .expect("tokenizer loads")
+}
+
+fn paragraph(seed: usize, words: usize) -> String {
+    const VOCAB: &[&str] = &[
+        "the",
+        "router",
+        "sends",
+        "each",
+        "request",
+        "to",
+        "an",
+        "engine",
+        "whose",
+        "prefix",
+        "cache",
+        "already",
+        "holds",
+        "blocks",
+        "of",
+        "tokens",
+        "latency",
+        "drops",
+        "when",
+        "hits",
+        "are",
+        "high",
+        "模型",
+        "缓存",
+        "naïve",
+        "café",
+        "{\"k\": 1}",
+        "fn main()",
+        "3.14159",
+        "—",
+        "…",
+    ];
+    (0..words)
+        .map(|i| VOCAB[(seed * 31 + i * 17 + i / 7) % VOCAB.len()])
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+fn conversation(turns: usize, words_per_msg: usize, last_suffix: u64) -> Vec<u8> {
+    let mut messages = vec![json!({"role": "system", "content": "You are a helpful assistant."})];
+    for t in 0..turns {
+        let mut user = paragraph(t * 2, words_per_msg);
+        if t + 1 == turns {
+            user.push_str(&format!(" (question {last_suffix})"));
+        }
+        messages.push(json!({"role": "user", "content": user}));
+        if t + 1 < turns {
+            messages
+                .push(json!({"role": "assistant", "content": paragraph(t * 2 + 1, words_per_msg)}));
+        }
+    }
+    json!({"model": "qwen3", "messages": messages})
+        .to_string()
+        .into_bytes()
+}
+
+fn benches(c: &mut Criterion) {
+    let cold = load(0);
+    let cached = load(4_000_000);
+
+    let big = conversation(1, 3300, 0);
+    let n = cold
+        .tokenize(Api::ChatCompletions, &big)
+        .expect("tokenizes")[0]
+        .token_ids
+        .len();
+    let mut g = c.benchmark_group("cold_chat");
+    g.throughput(Throughput::Elements(n as u64));
+    g.bench_function(format!("{n}_tokens"), |b| {
+        b.iter(|| {
+            black_box(
+                cold.tokenize(Api::ChatCompletions, black_box(&big))
+                    .expect("ok"),
+            )
+        })
+    });
+    g.finish();
+
+    let eight = conversation(8, 300, 0);
+    let n8 = cold
+        .tokenize(Api::ChatCompletions, &eight)
+        .expect("tokenizes")[0]
+        .token_ids
+        .len();
+    let mut g = c.benchmark_group("eight_turns");
+    g.throughput(Throughput::Elements(n8 as u64));
+    let counter = AtomicU64::new(1);
+    g.bench_function(format!("cold_{n8}_tokens"), |b| {
+        b.iter(|| {
+            let body = conversation(8, 300, counter.fetch_add(1, Ordering::Relaxed));
+            black_box(cold.tokenize(Api::ChatCompletions, &body).expect("ok"))
+        })
+    });
+    // Warm the cache with the earlier turns (as the previous request of the session would).
+    cached
+        .tokenize(Api::ChatCompletions, &conversation(8, 300, 0))
+        .expect("ok");
+    g.bench_function(format!("prefix_cached_{n8}_tokens"), |b| {
+        b.iter(|| {
+            let body = conversation(8, 300, counter.fetch_add(1, Ordering::Relaxed));
+            black_box(cached.tokenize(Api::ChatCompletions, &body).expect("ok"))
+        })
+    });
+    g.finish();
+}
+
+criterion_group!(tokenize, benches);
+criterion_main!(tokenize);

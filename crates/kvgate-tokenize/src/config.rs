@@ -1,0 +1,158 @@
+//! Typed configuration of the tokenize subsystem (embeddable in kvgate's YAML).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::outcome::BackendKind;
+
+/// Tokenize subsystem configuration.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TokenizeConfig {
+    /// Worker threads of the blocking pool (default 2).
+    pub pool_threads: usize,
+    /// Jobs that may wait for a worker; beyond that callers get `QueueFull` (default 256).
+    pub queue_limit: usize,
+    /// Per-tokenizer segment-cache budget, in cached token ids (default 4,000,000; 0 = off).
+    pub prefix_cache_max_tokens: u64,
+    /// One entry per canonical model name.
+    pub models: Vec<ModelTokenizerConfig>,
+}
+
+impl Default for TokenizeConfig {
+    fn default() -> Self {
+        TokenizeConfig {
+            pool_threads: 2,
+            queue_limit: 256,
+            prefix_cache_max_tokens: 4_000_000,
+            models: Vec::new(),
+        }
+    }
+}
+
+/// How one model is tokenized.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelTokenizerConfig {
+    /// Canonical model name, as forwarded to the engine (`SealedRequest::model`).
+    pub model: String,
+    /// HF tokenizer directory (`tokenizer.json[.gz]`, `tokenizer_config.json[.gz]`).
+    #[serde(default)]
+    pub tokenizer_dir: Option<PathBuf>,
+    /// Base URL of a vLLM render server (`vllm launch render` or `--enable-scale-out`).
+    #[serde(default)]
+    pub render_url: Option<String>,
+    /// Backend order. Default: `local` if `tokenizer_dir` is set, then `render` if
+    /// `render_url` is set, then `estimate`.
+    #[serde(default)]
+    pub backends: Option<Vec<BackendKind>>,
+    /// Render timeout for text-only requests, in milliseconds (default 5000).
+    #[serde(default = "default_render_timeout_ms")]
+    pub render_timeout_ms: u64,
+    /// Render timeout when content parts hold media, in milliseconds (default 30000).
+    #[serde(default = "default_render_media_timeout_ms")]
+    pub render_media_timeout_ms: u64,
+}
+
+fn default_render_timeout_ms() -> u64 {
+    5000
+}
+
+fn default_render_media_timeout_ms() -> u64 {
+    30_000
+}
+
+impl ModelTokenizerConfig {
+    /// A config for `model` with no backends but the estimate.
+    pub fn new(model: impl Into<String>) -> ModelTokenizerConfig {
+        ModelTokenizerConfig {
+            model: model.into(),
+            tokenizer_dir: None,
+            render_url: None,
+            backends: None,
+            render_timeout_ms: default_render_timeout_ms(),
+            render_media_timeout_ms: default_render_media_timeout_ms(),
+        }
+    }
+
+    /// The effective backend order.
+    pub fn backend_order(&self) -> Vec<BackendKind> {
+        if let Some(b) = &self.backends {
+            return b.clone();
+        }
+        let mut order = Vec::with_capacity(3);
+        if self.tokenizer_dir.is_some() {
+            order.push(BackendKind::Local);
+        }
+        if self.render_url.is_some() {
+            order.push(BackendKind::Render);
+        }
+        order.push(BackendKind::Estimate);
+        order
+    }
+
+    pub(crate) fn render_timeout(&self) -> Duration {
+        Duration::from_millis(self.render_timeout_ms)
+    }
+
+    pub(crate) fn render_media_timeout(&self) -> Duration {
+        Duration::from_millis(self.render_media_timeout_ms)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_order_table() {
+        let cases = [
+            (
+                "both",
+                Some("dir"),
+                Some("http://r"),
+                vec![
+                    BackendKind::Local,
+                    BackendKind::Render,
+                    BackendKind::Estimate,
+                ],
+            ),
+            (
+                "local only",
+                Some("dir"),
+                None,
+                vec![BackendKind::Local, BackendKind::Estimate],
+            ),
+            (
+                "render only",
+                None,
+                Some("http://r"),
+                vec![BackendKind::Render, BackendKind::Estimate],
+            ),
+            ("nothing", None, None, vec![BackendKind::Estimate]),
+        ];
+        for (name, dir, url, want) in cases {
+            let mut c = ModelTokenizerConfig::new("m");
+            c.tokenizer_dir = dir.map(PathBuf::from);
+            c.render_url = url.map(str::to_owned);
+            assert_eq!(c.backend_order(), want, "{name}");
+        }
+    }
+
+    #[test]
+    fn parses_from_json() {
+        let c: TokenizeConfig = serde_json::from_str(
+            r#"{"queue_limit": 8, "models": [{"model": "qwen3", "render_url": "http://x", "backends": ["render", "local"]}]}"#,
+        )
+        .unwrap();
+        assert_eq!(c.queue_limit, 8);
+        assert_eq!(c.pool_threads, 2);
+        assert_eq!(
+            c.models[0].backend_order(),
+            vec![BackendKind::Render, BackendKind::Local]
+        );
+        assert!(serde_json::from_str::<TokenizeConfig>(r#"{"bogus": 1}"#).is_err());
+    }
+}

@@ -1,0 +1,355 @@
+//! The local backend: HF tokenizer + chat template, rendering requests the way vLLM 0.33
+//! does (see [`crate::chat`] and [`crate::anthropic`]) and encoding through the segment
+//! cache ([`crate::prefix_cache`]). Synchronous and CPU-bound: the chain runs it on the
+//! blocking pool.
+
+use std::path::Path;
+
+use kvgate_request::Api;
+use serde_json::Value;
+use tokenizers::Tokenizer;
+
+use crate::anthropic::{self, AnthropicProbe};
+use crate::assets::{Assets, LoadError};
+use crate::chat::{self, Rejection};
+use crate::outcome::{BackendError, FallbackReason, PromptTokens};
+use crate::prefix_cache::SegmentEncoder;
+use crate::template::{ChatTemplate, RenderError, TemplateInput};
+
+/// Local-backend options.
+#[derive(Debug, Clone, Copy)]
+pub struct LocalOptions {
+    /// Segment-cache budget in cached token ids (0 disables the cache).
+    pub prefix_cache_max_tokens: u64,
+}
+
+impl Default for LocalOptions {
+    fn default() -> Self {
+        LocalOptions {
+            prefix_cache_max_tokens: 4_000_000,
+        }
+    }
+}
+
+/// An HF tokenizer directory loaded for in-process tokenization.
+#[derive(Debug)]
+pub struct LocalTokenizer {
+    tokenizer: Tokenizer,
+    template: Option<ChatTemplate>,
+    mentions_developer: bool,
+    anthropic: AnthropicProbe,
+    segments: SegmentEncoder,
+}
+
+fn rejection(r: Rejection) -> BackendError {
+    match r {
+        Rejection::Media(d) => BackendError::new(FallbackReason::MediaNeedsRender, d),
+        Rejection::Unsupported(d) => BackendError::new(FallbackReason::UnsupportedFeature, d),
+        Rejection::Invalid(d) => BackendError::new(FallbackReason::InvalidRequest, d),
+    }
+}
+
+fn render_error(e: RenderError) -> BackendError {
+    BackendError::new(FallbackReason::TemplateError, e.to_string())
+}
+
+/// Anthropic efforts vLLM probes for `thinking: disabled` (`AnthropicEffort`).
+const ANTHROPIC_EFFORTS: [&str; 5] = ["low", "medium", "high", "xhigh", "max"];
+
+impl LocalTokenizer {
+    /// Loads `tokenizer.json[.gz]`, `tokenizer_config.json[.gz]` and
+    /// `chat_template.jinja[.gz]` from `dir`.
+    ///
+    /// # Errors
+    /// [`LoadError`] when a file is missing or invalid, or the template does not compile.
+    pub fn load(dir: &Path, opts: LocalOptions) -> Result<LocalTokenizer, LoadError> {
+        let assets = Assets::load(dir)?;
+        let source = assets.config.chat_template.clone();
+        let template = match source {
+            Some(src) => Some(ChatTemplate::new(
+                src,
+                assets.config.tool_use_template.clone(),
+                assets.config.special_tokens.clone(),
+            )?),
+            None => None,
+        };
+        let mentions_developer = assets
+            .config
+            .chat_template
+            .as_deref()
+            .is_some_and(|t| t.contains("\"developer\"") || t.contains("'developer'"));
+        let segments = SegmentEncoder::new(&assets.tokenizer, opts.prefix_cache_max_tokens);
+        let mut local = LocalTokenizer {
+            tokenizer: assets.tokenizer,
+            template,
+            mentions_developer,
+            anthropic: AnthropicProbe {
+                merge_inline_system: true,
+                disabled_thinking_effort: "none",
+            },
+            segments,
+        };
+        local.anthropic = local.probe_anthropic();
+        Ok(local)
+    }
+
+    /// vLLM's startup probes for the Anthropic endpoint.
+    fn probe_anthropic(&self) -> AnthropicProbe {
+        let Some(t) = &self.template else {
+            return self.anthropic;
+        };
+        let render_effort = |effort: &str| {
+            let body = serde_json::json!({
+                "messages": [{"role": "user", "content": "Hi"}],
+                "reasoning_effort": effort,
+            });
+            let input = chat::normalize(&body, self.mentions_developer).ok()?;
+            t.render(&input.template).ok()
+        };
+        let disabled_thinking_effort = match render_effort("none") {
+            None => "low",
+            Some(none)
+                if ANTHROPIC_EFFORTS
+                    .iter()
+                    .any(|e| render_effort(e).as_ref() == Some(&none)) =>
+            {
+                "low"
+            }
+            Some(_) => "none",
+        };
+        AnthropicProbe {
+            merge_inline_system: !t.accepts_inline_system(),
+            disabled_thinking_effort,
+        }
+    }
+
+    /// The underlying HF tokenizer.
+    pub fn tokenizer(&self) -> &Tokenizer {
+        &self.tokenizer
+    }
+
+    /// Whether the segment (prefix) cache is active for this tokenizer.
+    pub fn is_caching(&self) -> bool {
+        self.segments.is_caching()
+    }
+
+    /// Decodes ids to text (special tokens kept), for reports.
+    pub fn decode(&self, ids: &[u32]) -> String {
+        self.tokenizer.decode(ids, false).unwrap_or_default()
+    }
+
+    fn parse(body: &[u8]) -> Result<Value, BackendError> {
+        serde_json::from_slice(body)
+            .map_err(|e| BackendError::new(FallbackReason::BodyNotJson, e.to_string()))
+    }
+
+    fn template(&self) -> Result<&ChatTemplate, BackendError> {
+        self.template.as_ref().ok_or_else(|| {
+            BackendError::new(
+                FallbackReason::NoChatTemplate,
+                "tokenizer has no chat_template",
+            )
+        })
+    }
+
+    /// The chat-template input vLLM would build for `body` (chat or messages).
+    fn chat_input(&self, api: Api, body: &Value) -> Result<(TemplateInput, bool), BackendError> {
+        let converted;
+        let chat_body = match api {
+            Api::ChatCompletions => body,
+            Api::Messages => {
+                converted = anthropic::to_chat_body(body, self.anthropic).map_err(rejection)?;
+                &converted
+            }
+            other => {
+                return Err(BackendError::new(
+                    FallbackReason::UnsupportedApi,
+                    other.label(),
+                ));
+            }
+        };
+        let input = chat::normalize(chat_body, self.mentions_developer).map_err(rejection)?;
+        Ok((input.template, input.add_special_tokens))
+    }
+
+    /// Renders the prompt text of a chat or messages request (no tokenization).
+    ///
+    /// # Errors
+    /// A [`BackendError`] naming why the request cannot be rendered locally.
+    pub fn render_prompt(&self, api: Api, body: &[u8]) -> Result<String, BackendError> {
+        let value = Self::parse(body)?;
+        let (input, _) = self.chat_input(api, &value)?;
+        self.template()?.render(&input).map_err(render_error)
+    }
+
+    fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, BackendError> {
+        let res = if add_special_tokens {
+            self.tokenizer
+                .encode_fast(text, true)
+                .map(|e| e.get_ids().to_vec())
+        } else {
+            self.segments.encode(&self.tokenizer, text)
+        };
+        res.map_err(|e| BackendError::new(FallbackReason::EncodeError, e.to_string()))
+    }
+
+    /// Tokenizes a request body exactly as vLLM would.
+    ///
+    /// # Errors
+    /// A [`BackendError`] naming why the request cannot be served locally.
+    pub fn tokenize(&self, api: Api, body: &[u8]) -> Result<Vec<PromptTokens>, BackendError> {
+        let value = Self::parse(body)?;
+        match api {
+            Api::ChatCompletions | Api::Messages => {
+                let (input, add_special) = self.chat_input(api, &value)?;
+                let text = self.template()?.render(&input).map_err(render_error)?;
+                Ok(vec![PromptTokens::text(self.encode(&text, add_special)?)])
+            }
+            Api::Completions => self.tokenize_completion(&value),
+            other => Err(BackendError::new(
+                FallbackReason::UnsupportedApi,
+                other.label(),
+            )),
+        }
+    }
+
+    fn tokenize_completion(&self, body: &Value) -> Result<Vec<PromptTokens>, BackendError> {
+        let invalid = |d: &str| BackendError::new(FallbackReason::InvalidRequest, d);
+        let obj = body
+            .as_object()
+            .ok_or_else(|| invalid("body is not an object"))?;
+        for key in ["truncate_prompt_tokens", "prompt_embeds", "suffix"] {
+            if obj.get(key).is_some_and(|v| !v.is_null()) {
+                return Err(BackendError::new(FallbackReason::UnsupportedFeature, key));
+            }
+        }
+        let add_special = match obj.get("add_special_tokens") {
+            None => true,
+            Some(Value::Bool(b)) => *b,
+            Some(_) => return Err(invalid("add_special_tokens is not a bool")),
+        };
+        let ids_of = |v: &Value| -> Option<Vec<u32>> {
+            v.as_array()?
+                .iter()
+                .map(|x| x.as_u64().and_then(|n| u32::try_from(n).ok()))
+                .collect()
+        };
+        let prompt = obj.get("prompt").ok_or_else(|| invalid("prompt missing"))?;
+        let prompts = match prompt {
+            Value::String(s) => vec![PromptTokens::text(self.encode(s, add_special)?)],
+            Value::Array(items) if items.is_empty() => return Err(invalid("prompt is empty")),
+            Value::Array(items) if items.iter().all(Value::is_number) => {
+                vec![PromptTokens::text(
+                    ids_of(prompt).ok_or_else(|| invalid("bad token id"))?,
+                )]
+            }
+            Value::Array(items) if items.iter().all(Value::is_string) => items
+                .iter()
+                .map(|s| {
+                    Ok(PromptTokens::text(
+                        self.encode(s.as_str().unwrap_or(""), add_special)?,
+                    ))
+                })
+                .collect::<Result<_, BackendError>>()?,
+            Value::Array(items) if items.iter().all(Value::is_array) => items
+                .iter()
+                .map(|p| {
+                    ids_of(p)
+                        .map(PromptTokens::text)
+                        .ok_or_else(|| invalid("bad token id"))
+                })
+                .collect::<Result<_, _>>()?,
+            _ => return Err(invalid("prompt has an unsupported shape")),
+        };
+        if prompts.iter().any(|p| p.token_ids.is_empty()) {
+            return Err(invalid("empty prompt"));
+        }
+        Ok(prompts)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn qwen() -> std::sync::Arc<LocalTokenizer> {
+        crate::test_util::qwen3()
+    }
+
+    #[test]
+    fn hi_matches_vllm_smoke_ids() {
+        let t = qwen();
+        let ids = t
+            .tokenize(
+                Api::ChatCompletions,
+                br#"{"model":"qwen3","messages":[{"role":"user","content":"hi"}]}"#,
+            )
+            .unwrap();
+        assert_eq!(
+            ids[0].token_ids,
+            vec![151644, 872, 198, 6023, 151645, 198, 151644, 77091, 198]
+        );
+    }
+
+    #[test]
+    fn probes_match_vllm_for_qwen3() {
+        let t = qwen();
+        assert!(!t.anthropic.merge_inline_system);
+        assert_eq!(t.anthropic.disabled_thinking_effort, "none");
+        assert!(t.is_caching());
+    }
+
+    #[test]
+    fn completions_shapes() {
+        let t = qwen();
+        let cases: [(&str, Result<usize, FallbackReason>); 6] = [
+            (r#"{"prompt":"hello world"}"#, Ok(1)),
+            (r#"{"prompt":["a","b"]}"#, Ok(2)),
+            (r#"{"prompt":[1,2,3]}"#, Ok(1)),
+            (r#"{"prompt":[[1],[2,3]]}"#, Ok(2)),
+            (r#"{"prompt":[]}"#, Err(FallbackReason::InvalidRequest)),
+            (
+                r#"{"prompt":"x","truncate_prompt_tokens":3}"#,
+                Err(FallbackReason::UnsupportedFeature),
+            ),
+        ];
+        for (body, want) in cases {
+            let got = t
+                .tokenize(Api::Completions, body.as_bytes())
+                .map(|p| p.len())
+                .map_err(|e| e.reason);
+            assert_eq!(got, want, "{body}");
+        }
+        let ids = t
+            .tokenize(Api::Completions, br#"{"prompt":[[7],[8,9]]}"#)
+            .unwrap();
+        assert_eq!(ids[1].token_ids, vec![8, 9]);
+    }
+
+    #[test]
+    fn fallback_reasons() {
+        let t = qwen();
+        let cases = [
+            (
+                Api::ChatCompletions,
+                "not json",
+                FallbackReason::BodyNotJson,
+            ),
+            (Api::Embeddings, "{}", FallbackReason::UnsupportedApi),
+            (
+                Api::ChatCompletions,
+                r#"{"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"x"}}]}]}"#,
+                FallbackReason::MediaNeedsRender,
+            ),
+            (
+                Api::ChatCompletions,
+                r#"{"messages":[]}"#,
+                FallbackReason::TemplateError,
+            ),
+        ];
+        for (api, body, want) in cases {
+            let err = t.tokenize(api, body.as_bytes()).unwrap_err();
+            assert_eq!(err.reason, want, "{body}");
+        }
+    }
+}

@@ -1,0 +1,147 @@
+//! Segment cache for rendered prompts, exact by construction.
+//!
+//! HF `tokenizers` first splits the input at added tokens that are matched on the raw
+//! text (`normalized: false`), leftmost-longest, and runs the normalizer, pre-tokenizer
+//! and model on each piece independently. Encoding `piece₀ tok₀ piece₁ tok₁ …` is
+//! therefore `enc(piece₀) ++ [tok₀] ++ enc(piece₁) ++ …`. This module performs the same
+//! split and caches `enc(piece)` keyed by a 128-bit hash of the piece text, so in a
+//! multi-turn chat every earlier turn is a cache hit. The cache is only enabled when the
+//! split is provably the library's own: no added token strips whitespace around itself
+//! (`lstrip`/`rstrip`) or needs word boundaries (`single_word`). Encoding with
+//! `add_special_tokens = true` (post-processor templates) bypasses the cache.
+
+use std::sync::Arc;
+
+use moka::sync::Cache;
+use tokenizers::Tokenizer;
+use xxhash_rust::xxh3::xxh3_128;
+
+/// Pieces shorter than this are encoded directly: a lookup would cost as much.
+const MIN_CACHED_BYTES: usize = 16;
+
+/// Splits text at raw-matched added tokens and caches each piece's ids.
+pub(crate) struct SegmentEncoder {
+    /// Raw-matched added tokens, longest first within each first byte.
+    cut_tokens: Vec<(Vec<u8>, u32)>,
+    /// `first_byte[b]` is true when some cut token starts with byte `b`.
+    first_byte: [bool; 256],
+    cache: Option<Cache<u128, Arc<[u32]>>>,
+}
+
+impl std::fmt::Debug for SegmentEncoder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SegmentEncoder")
+            .field("cut_tokens", &self.cut_tokens.len())
+            .field(
+                "cache_entries",
+                &self.cache.as_ref().map(Cache::entry_count),
+            )
+            .finish()
+    }
+}
+
+impl SegmentEncoder {
+    /// `max_tokens == 0` disables the cache.
+    pub(crate) fn new(tokenizer: &Tokenizer, max_tokens: u64) -> SegmentEncoder {
+        let decoder = tokenizer.get_added_tokens_decoder();
+        let mut exact = true;
+        let mut cut_tokens = Vec::new();
+        for (id, tok) in decoder.iter() {
+            if tok.lstrip || tok.rstrip || tok.single_word {
+                exact = false;
+            }
+            if !tok.normalized && !tok.content.is_empty() {
+                cut_tokens.push((tok.content.as_bytes().to_vec(), *id));
+            }
+        }
+        cut_tokens.sort_by(|a, b| b.0.len().cmp(&a.0.len()).then(a.0.cmp(&b.0)));
+        let mut first_byte = [false; 256];
+        for (t, _) in &cut_tokens {
+            first_byte[usize::from(t[0])] = true;
+        }
+        let cache = (exact && max_tokens > 0).then(|| {
+            Cache::builder()
+                .max_capacity(max_tokens)
+                .weigher(|_k: &u128, v: &Arc<[u32]>| (v.len() as u32).saturating_add(8))
+                .build()
+        });
+        SegmentEncoder {
+            cut_tokens,
+            first_byte,
+            cache,
+        }
+    }
+
+    /// Whether the segment cache is active.
+    pub(crate) fn is_caching(&self) -> bool {
+        self.cache.is_some()
+    }
+
+    fn match_at(&self, bytes: &[u8], at: usize) -> Option<(usize, u32)> {
+        let rest = &bytes[at..];
+        self.cut_tokens
+            .iter()
+            .find(|(t, _)| rest.starts_with(t))
+            .map(|(t, id)| (t.len(), *id))
+    }
+
+    fn encode_piece(
+        &self,
+        tokenizer: &Tokenizer,
+        piece: &str,
+        out: &mut Vec<u32>,
+    ) -> tokenizers::Result<()> {
+        let Some(cache) = self
+            .cache
+            .as_ref()
+            .filter(|_| piece.len() >= MIN_CACHED_BYTES)
+        else {
+            out.extend_from_slice(tokenizer.encode_fast(piece, false)?.get_ids());
+            return Ok(());
+        };
+        let key = xxh3_128(piece.as_bytes());
+        if let Some(ids) = cache.get(&key) {
+            out.extend_from_slice(&ids);
+            return Ok(());
+        }
+        let enc = tokenizer.encode_fast(piece, false)?;
+        let ids: Arc<[u32]> = Arc::from(enc.get_ids());
+        out.extend_from_slice(&ids);
+        cache.insert(key, ids);
+        Ok(())
+    }
+
+    /// Encodes `text` without special tokens, identical to
+    /// `tokenizer.encode_fast(text, false)`.
+    pub(crate) fn encode(&self, tokenizer: &Tokenizer, text: &str) -> tokenizers::Result<Vec<u32>> {
+        if self.cache.is_none() {
+            return Ok(tokenizer.encode_fast(text, false)?.get_ids().to_vec());
+        }
+        let bytes = text.as_bytes();
+        let mut out = Vec::with_capacity(text.len() / 3);
+        let mut start = 0;
+        let mut i = 0;
+        while i < bytes.len() {
+            if self.first_byte[usize::from(bytes[i])]
+                && let Some((len, id)) = self.match_at(bytes, i)
+            {
+                if i > start {
+                    // Cut tokens are whole UTF-8 strings, so `start..i` is on char boundaries.
+                    self.encode_piece(tokenizer, &text[start..i], &mut out)?;
+                }
+                out.push(id);
+                i += len;
+                start = i;
+                continue;
+            }
+            i += 1;
+        }
+        if start < bytes.len() {
+            self.encode_piece(tokenizer, &text[start..], &mut out)?;
+        }
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests;

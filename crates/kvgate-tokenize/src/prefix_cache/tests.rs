@@ -1,0 +1,134 @@
+//! Property test: cached segment encoding equals plain encoding on random conversations.
+
+use kvgate_request::Api;
+
+use super::*;
+use crate::test_util;
+
+/// SplitMix64: a tiny seeded generator (no dependency, reproducible).
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+    fn pick<'a>(&mut self, items: &[&'a str]) -> &'a str {
+        items[self.below(items.len())]
+    }
+}
+
+const PIECES: &[&str] = &[
+    "hello",
+    " world",
+    "\n",
+    "\n\n",
+    "  ",
+    "\t",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<think>",
+    "</think>",
+    "<tool_call>",
+    "<|endoftext|>",
+    "<|im_",
+    "|>",
+    "<",
+    "日本語",
+    "😀",
+    "👩‍👩‍👧",
+    "e\u{301}",
+    "café",
+    "{\"a\": 1}",
+    "1234567",
+    "3.14",
+    "don't",
+    "it's",
+    "ÄÖÜ",
+    "   \n",
+    "\r\n",
+    "x",
+    "<|vision_pad|>",
+];
+
+fn random_text(rng: &mut Rng) -> String {
+    let n = 1 + rng.below(40);
+    (0..n).map(|_| rng.pick(PIECES)).collect()
+}
+
+fn random_conversation(rng: &mut Rng) -> serde_json::Value {
+    let mut messages = Vec::new();
+    if rng.below(2) == 0 {
+        messages.push(serde_json::json!({"role": "system", "content": random_text(rng)}));
+    }
+    for turn in 0..(1 + rng.below(8)) {
+        messages.push(serde_json::json!({"role": "user", "content": random_text(rng)}));
+        if turn % 2 == 0 || rng.below(2) == 0 {
+            messages.push(serde_json::json!({"role": "assistant", "content": random_text(rng)}));
+        }
+    }
+    if messages.last().and_then(|m| m["role"].as_str()) == Some("assistant") && rng.below(2) == 0 {
+        messages.push(serde_json::json!({"role": "user", "content": random_text(rng)}));
+    }
+    serde_json::json!({"model": "qwen3", "messages": messages})
+}
+
+#[test]
+fn cached_equals_uncached_on_random_conversations() {
+    let local = test_util::qwen3();
+    let tok = local.tokenizer();
+    let cached = SegmentEncoder::new(tok, 1_000_000);
+    assert!(cached.is_caching());
+    let mut rng = Rng(0x6b76_6761_7465);
+    for case in 0..300 {
+        let body = random_conversation(&mut rng);
+        let text = local
+            .render_prompt(Api::ChatCompletions, body.to_string().as_bytes())
+            .unwrap();
+        let want = tok
+            .encode_fast(text.as_str(), false)
+            .unwrap()
+            .get_ids()
+            .to_vec();
+        // Twice: the second pass is served from the cache.
+        for pass in 0..2 {
+            let got = cached.encode(tok, &text).unwrap();
+            assert_eq!(got, want, "case {case} pass {pass}: {text:?}");
+        }
+        // Raw random text too, not only rendered chats.
+        let raw = random_text(&mut rng);
+        let want = tok
+            .encode_fast(raw.as_str(), false)
+            .unwrap()
+            .get_ids()
+            .to_vec();
+        assert_eq!(cached.encode(tok, &raw).unwrap(), want, "raw {raw:?}");
+    }
+    cached.cache.as_ref().unwrap().run_pending_tasks();
+    assert!(cached.cache.as_ref().unwrap().entry_count() > 0);
+}
+
+#[test]
+fn multi_turn_hits_earlier_segments() {
+    let local = test_util::qwen3();
+    let tok = local.tokenizer();
+    let enc = SegmentEncoder::new(tok, 1_000_000);
+    let turn1 = "<|im_start|>user\nA fairly long first question about caches<|im_end|>\n<|im_start|>assistant\n";
+    enc.encode(tok, turn1).unwrap();
+    let cache = enc.cache.as_ref().unwrap();
+    cache.run_pending_tasks();
+    let before = cache.entry_count();
+    let turn2 = format!(
+        "{turn1}A fairly long first answer about caches<|im_end|>\n<|im_start|>user\nfollow-up question<|im_end|>\n"
+    );
+    enc.encode(tok, &turn2).unwrap();
+    cache.run_pending_tasks();
+    // The first user segment was reused: only the two new long segments were added.
+    assert_eq!(cache.entry_count(), before + 2);
+}

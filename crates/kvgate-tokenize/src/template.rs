@@ -1,0 +1,490 @@
+//! The chat-template environment, configured like transformers' `apply_chat_template`:
+//! jinja2 `ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)` with
+//! loop controls, `tojson` = `json.dumps(ensure_ascii=False)` with Python separators,
+//! `raise_exception`, `strftime_now`, Python string/dict methods (minijinja-contrib
+//! pycompat), and the `continue_final_message` cut.
+
+use std::collections::HashSet;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use minijinja::syntax::SyntaxConfig;
+use minijinja::value::{Kwargs, Rest, Value as JValue, ValueKind};
+use minijinja::{Environment, Error as JError, ErrorKind};
+use serde_json::{Map, Value};
+
+use crate::assets::LoadError;
+use crate::pyjson::{self, DumpOptions};
+
+const DEFAULT_NAME: &str = "chat";
+const TOOL_USE_NAME: &str = "tool_use";
+
+/// The variables a chat template is rendered with.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct TemplateInput {
+    /// The normalized conversation.
+    pub(crate) messages: Vec<Value>,
+    /// Tool schemas as vLLM dumps them, or `None`.
+    pub(crate) tools: Option<Value>,
+    /// RAG documents, or `None`.
+    pub(crate) documents: Option<Value>,
+    /// Append the assistant header.
+    pub(crate) add_generation_prompt: bool,
+    /// Cut the output right after the final message's content.
+    pub(crate) continue_final_message: bool,
+    /// Every other template variable (`chat_template_kwargs`, `enable_thinking`, …).
+    pub(crate) kwargs: Map<String, Value>,
+}
+
+/// Why a chat template could not be rendered.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum RenderError {
+    /// The template raised or hit an unsupported construct.
+    #[error("chat template failed: {0}")]
+    Template(String),
+    /// `continue_final_message` was set but the final message is not in the output.
+    #[error("continue_final_message: final message not found in the rendered chat")]
+    FinalMessageNotFound,
+    /// `continue_final_message` with an empty conversation or non-text final content.
+    #[error("continue_final_message: final message has no text content")]
+    FinalMessageNotText,
+}
+
+/// A compiled chat template (plus the optional `tool_use` variant).
+#[derive(Debug)]
+pub(crate) struct ChatTemplate {
+    env: Environment<'static>,
+    has_tool_use: bool,
+    undeclared: HashSet<String>,
+    special_tokens: Vec<(String, Value)>,
+}
+
+fn raise_exception(msg: String) -> Result<JValue, JError> {
+    Err(JError::new(ErrorKind::InvalidOperation, msg))
+}
+
+fn tojson(value: JValue, args: Rest<JValue>, kwargs: Kwargs) -> Result<JValue, JError> {
+    // Python: tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False)
+    let positional = |i: usize| args.get(i).cloned();
+    let ensure_ascii = kwargs
+        .get::<Option<JValue>>("ensure_ascii")?
+        .or_else(|| positional(0))
+        .is_some_and(|v| v.is_true());
+    let indent = kwargs
+        .get::<Option<JValue>>("indent")?
+        .or_else(|| positional(1));
+    let separators = kwargs
+        .get::<Option<JValue>>("separators")?
+        .or_else(|| positional(2));
+    let sort_keys = kwargs
+        .get::<Option<JValue>>("sort_keys")?
+        .or_else(|| positional(3))
+        .is_some_and(|v| v.is_true());
+    kwargs.assert_all_used()?;
+    let mut opts = DumpOptions::python_default(ensure_ascii);
+    opts.sort_keys = sort_keys;
+    match indent {
+        Some(v) if v.kind() == ValueKind::String => {
+            opts.indent = Some(v.as_str().unwrap_or_default().to_owned());
+        }
+        Some(v) if v.kind() == ValueKind::Number => {
+            let n = v.as_i64().unwrap_or(0).max(0) as usize;
+            opts.indent = Some(" ".repeat(n));
+        }
+        _ => {}
+    }
+    if opts.indent.is_some() {
+        opts.item_sep = ",".to_owned();
+    }
+    if let Some(seps) = separators.filter(|v| !v.is_none()) {
+        let parts: Vec<JValue> = seps.try_iter()?.collect();
+        match parts.as_slice() {
+            [a, b] => {
+                opts.item_sep = a.as_str().unwrap_or_default().to_owned();
+                opts.key_sep = b.as_str().unwrap_or_default().to_owned();
+            }
+            _ => {
+                return Err(JError::new(
+                    ErrorKind::InvalidOperation,
+                    "tojson separators must be a pair",
+                ));
+            }
+        }
+    }
+    pyjson::dumps_template(&value, &opts)
+        .map(JValue::from)
+        .map_err(|e| JError::new(ErrorKind::InvalidOperation, e.to_string()))
+}
+
+/// Days since 1970-01-01 → (year, month 1..=12, day 1..=31) (proleptic Gregorian).
+fn civil_from_days(days: i64) -> (i64, u32, u32) {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    (y, m, d)
+}
+
+const MONTHS: [&str; 12] = [
+    "January",
+    "February",
+    "March",
+    "April",
+    "May",
+    "June",
+    "July",
+    "August",
+    "September",
+    "October",
+    "November",
+    "December",
+];
+const WEEKDAYS: [&str; 7] = [
+    "Monday",
+    "Tuesday",
+    "Wednesday",
+    "Thursday",
+    "Friday",
+    "Saturday",
+    "Sunday",
+];
+
+/// Python `datetime.now().strftime(fmt)` in UTC for the common directives.
+fn strftime_now(fmt: String) -> String {
+    let secs = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or(0);
+    strftime_at(&fmt, secs)
+}
+
+fn strftime_at(fmt: &str, secs: i64) -> String {
+    let days = secs.div_euclid(86_400);
+    let rem = secs.rem_euclid(86_400);
+    let (y, m, d) = civil_from_days(days);
+    let (hh, mm, ss) = (rem / 3600, (rem / 60) % 60, rem % 60);
+    let weekday = (days + 3).rem_euclid(7) as usize; // 1970-01-01 was a Thursday
+    let month = MONTHS[(m as usize).saturating_sub(1) % 12];
+    let mut out = String::new();
+    let mut chars = fmt.chars();
+    while let Some(c) = chars.next() {
+        if c != '%' {
+            out.push(c);
+            continue;
+        }
+        let mut spec = chars.next();
+        let no_pad = spec == Some('-');
+        if no_pad {
+            spec = chars.next();
+        }
+        let num = |v: i64, w: usize| {
+            if no_pad {
+                v.to_string()
+            } else {
+                format!("{v:0w$}")
+            }
+        };
+        match spec {
+            Some('Y') => out.push_str(&y.to_string()),
+            Some('y') => out.push_str(&num(y.rem_euclid(100), 2)),
+            Some('m') => out.push_str(&num(i64::from(m), 2)),
+            Some('d') => out.push_str(&num(i64::from(d), 2)),
+            Some('H') => out.push_str(&num(hh, 2)),
+            Some('M') => out.push_str(&num(mm, 2)),
+            Some('S') => out.push_str(&num(ss, 2)),
+            Some('B') => out.push_str(month),
+            Some('b') => out.push_str(&month[..3]),
+            Some('A') => out.push_str(WEEKDAYS[weekday]),
+            Some('a') => out.push_str(&WEEKDAYS[weekday][..3]),
+            Some('j') => {
+                let (y0, _, _) = (y, 0, 0);
+                let jan1 = days_from_civil(y0, 1, 1);
+                out.push_str(&num(days - jan1 + 1, 3));
+            }
+            Some('%') => out.push('%'),
+            Some(other) => {
+                out.push('%');
+                out.push(other);
+            }
+            None => out.push('%'),
+        }
+    }
+    out
+}
+
+fn days_from_civil(y: i64, m: u32, d: u32) -> i64 {
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y.rem_euclid(400);
+    let mp = i64::from((m + 9) % 12);
+    let doy = (153 * mp + 2) / 5 + i64::from(d) - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
+}
+
+/// Python `str.strip()` whitespace.
+fn is_py_space(c: char) -> bool {
+    c.is_whitespace() || ('\u{1c}'..='\u{1f}').contains(&c)
+}
+
+impl ChatTemplate {
+    /// Compiles `default` (and `tool_use`, if the tokenizer config names one).
+    pub(crate) fn new(
+        default: String,
+        tool_use: Option<String>,
+        special_tokens: Vec<(String, Value)>,
+    ) -> Result<ChatTemplate, LoadError> {
+        let mut env = Environment::new();
+        let syntax = SyntaxConfig::builder()
+            .trim_blocks(true)
+            .lstrip_blocks(true)
+            .keep_trailing_newline(false)
+            .build()
+            .map_err(|e| LoadError::Template(e.to_string()))?;
+        env.set_syntax(syntax);
+        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.add_filter("tojson", tojson);
+        env.add_function("raise_exception", raise_exception);
+        env.add_function("strftime_now", strftime_now);
+        env.add_template_owned(DEFAULT_NAME, default)
+            .map_err(|e| LoadError::Template(e.to_string()))?;
+        let has_tool_use = tool_use.is_some();
+        if let Some(t) = tool_use {
+            env.add_template_owned(TOOL_USE_NAME, t)
+                .map_err(|e| LoadError::Template(e.to_string()))?;
+        }
+        let undeclared = env
+            .get_template(DEFAULT_NAME)
+            .map(|t| t.undeclared_variables(false))
+            .map_err(|e| LoadError::Template(e.to_string()))?;
+        Ok(ChatTemplate {
+            env,
+            has_tool_use,
+            undeclared,
+            special_tokens,
+        })
+    }
+
+    /// Whether the template renders `[system, user, system, user]` without raising
+    /// (vLLM's Anthropic endpoint merges inline system messages when it does not).
+    pub(crate) fn accepts_inline_system(&self) -> bool {
+        let msg = |role: &str| serde_json::json!({"role": role, "content": "t"});
+        let input = TemplateInput {
+            messages: vec![msg("system"), msg("user"), msg("system"), msg("user")],
+            ..TemplateInput::default()
+        };
+        self.render_raw(&input, false).is_ok()
+    }
+
+    fn render_raw(
+        &self,
+        input: &TemplateInput,
+        use_tools_template: bool,
+    ) -> Result<String, RenderError> {
+        let name = if use_tools_template && self.has_tool_use {
+            TOOL_USE_NAME
+        } else {
+            DEFAULT_NAME
+        };
+        let tmpl = self
+            .env
+            .get_template(name)
+            .map_err(|e| RenderError::Template(e.to_string()))?;
+        let mut ctx = Map::new();
+        for (k, v) in &self.special_tokens {
+            ctx.insert(k.clone(), v.clone());
+        }
+        // vLLM's resolve_chat_template_kwargs drops kwargs the template never reads.
+        for (k, v) in input
+            .kwargs
+            .iter()
+            .filter(|(k, _)| self.undeclared.contains(*k))
+        {
+            ctx.insert(k.clone(), v.clone());
+        }
+        ctx.insert("messages".into(), Value::Array(input.messages.clone()));
+        ctx.insert("tools".into(), input.tools.clone().unwrap_or(Value::Null));
+        ctx.insert(
+            "documents".into(),
+            input.documents.clone().unwrap_or(Value::Null),
+        );
+        ctx.insert(
+            "add_generation_prompt".into(),
+            Value::Bool(input.add_generation_prompt),
+        );
+        tmpl.render(JValue::from(minijinja::value::Serde(&ctx)))
+            .map_err(|e| RenderError::Template(format!("{e:#}")))
+    }
+
+    /// Renders like `tokenizer.apply_chat_template(..., tokenize=False)` (transformers 5).
+    pub(crate) fn render(&self, input: &TemplateInput) -> Result<String, RenderError> {
+        let use_tools = input.tools.is_some();
+        if !input.continue_final_message {
+            return self.render_raw(input, use_tools);
+        }
+        // transformers 5: tag the final message, render, cut at the tag.
+        let mut tagged = input.clone();
+        let final_message = tag_final_message(&mut tagged.messages)?;
+        let rendered = self.render_raw(&tagged, use_tools)?;
+        cut_at_tag(rendered, &final_message)
+    }
+}
+
+const CONTINUE_TAG: &str = "CONTINUE_FINAL_MESSAGE_TAG ";
+
+/// Appends [`CONTINUE_TAG`] to the final message's text; returns the original text.
+fn tag_final_message(messages: &mut [Value]) -> Result<String, RenderError> {
+    let content = messages
+        .last_mut()
+        .and_then(|m| m.get_mut("content"))
+        .filter(|c| !c.is_null())
+        .ok_or(RenderError::FinalMessageNotText)?;
+    match content {
+        Value::String(s) => {
+            let original = s.clone();
+            s.push_str(CONTINUE_TAG);
+            Ok(original)
+        }
+        Value::Array(parts) => {
+            for part in parts.iter_mut().rev() {
+                if let Some(Value::String(t)) = part.get_mut("text") {
+                    let original = t.clone();
+                    t.push_str(CONTINUE_TAG);
+                    return Ok(original);
+                }
+            }
+            Err(RenderError::FinalMessageNotText)
+        }
+        _ => Err(RenderError::FinalMessageNotText),
+    }
+}
+
+fn cut_at_tag(rendered: String, final_message: &str) -> Result<String, RenderError> {
+    let tag = CONTINUE_TAG.trim_matches(is_py_space);
+    if !rendered.contains(final_message.trim_matches(is_py_space)) || !rendered.contains(tag) {
+        return Err(RenderError::FinalMessageNotFound);
+    }
+    let loc = rendered
+        .rfind(tag)
+        .ok_or(RenderError::FinalMessageNotFound)?;
+    let mut out = rendered;
+    if out.get(loc..loc + CONTINUE_TAG.len()) == Some(CONTINUE_TAG) {
+        out.truncate(loc);
+    } else {
+        out.truncate(loc);
+        let kept = out.trim_end_matches(is_py_space).len();
+        out.truncate(kept);
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn render(src: &str, ctx: Value) -> String {
+        let t = ChatTemplate::new(src.to_owned(), None, Vec::new()).unwrap();
+        let input = TemplateInput {
+            messages: ctx["messages"].as_array().cloned().unwrap_or_default(),
+            kwargs: ctx.as_object().cloned().unwrap_or_default(),
+            ..TemplateInput::default()
+        };
+        t.render(&input).unwrap()
+    }
+
+    #[test]
+    fn template_features_match_jinja2() {
+        let ctx = serde_json::json!({
+            "x": {"b": [1.0, 2], "a": "<é>"},
+            "messages": [{"role": "user", "content": "  hi\n"}],
+        });
+        let cases = [
+            (
+                "tojson default",
+                "{{ x | tojson }}",
+                "{\"b\": [1.0, 2], \"a\": \"<é>\"}",
+            ),
+            (
+                "tojson ascii",
+                "{{ x | tojson(ensure_ascii=True) }}",
+                "{\"b\": [1.0, 2], \"a\": \"<\\u00e9>\"}",
+            ),
+            (
+                "tojson indent",
+                "{{ x.b | tojson(indent=2) }}",
+                "[\n  1.0,\n  2\n]",
+            ),
+            (
+                "tojson seps",
+                "{{ x | tojson(separators=(',', ':')) }}",
+                "{\"b\":[1.0,2],\"a\":\"<é>\"}",
+            ),
+            (
+                "tojson sort",
+                "{{ x | tojson(sort_keys=true) }}",
+                "{\"a\": \"<é>\", \"b\": [1.0, 2]}",
+            ),
+            ("trim_blocks", "{% if true %}\nA{% endif %}\nB", "AB"),
+            ("lstrip_blocks", "  {% if true %}A{% endif %}", "A"),
+            (
+                "pycompat",
+                "{{ messages[0].content.strip() }}|{{ 'a</think>b'.split('</think>')[-1] }}",
+                "hi|b",
+            ),
+            ("startswith", "{{ 'abc'.startswith('ab') }}", "True"),
+            (
+                "slice reverse",
+                "{% for m in [1,2,3][::-1] %}{{ m }}{% endfor %}",
+                "321",
+            ),
+            ("no trailing newline", "A\n", "A"),
+        ];
+        for (name, src, want) in cases {
+            assert_eq!(render(src, ctx.clone()), want, "{name}");
+        }
+    }
+
+    #[test]
+    fn raise_exception_is_an_error() {
+        let t = ChatTemplate::new("{{ raise_exception('bad role') }}".into(), None, Vec::new())
+            .unwrap();
+        let err = t.render(&TemplateInput::default()).unwrap_err();
+        assert!(err.to_string().contains("bad role"), "{err}");
+    }
+
+    #[test]
+    fn strftime_formats() {
+        // 2024-02-29T13:05:09Z is 1709211909
+        let cases = [
+            ("%Y-%m-%d %H:%M:%S", "2024-02-29 13:05:09"),
+            ("%d %b %Y", "29 Feb 2024"),
+            ("%B %-d, %Y (%A)", "February 29, 2024 (Thursday)"),
+            ("%j%%", "060%"),
+        ];
+        for (fmt, want) in cases {
+            assert_eq!(strftime_at(fmt, 1_709_211_909), want, "{fmt}");
+        }
+    }
+
+    #[test]
+    fn continue_final_message_cuts() {
+        let cases = [
+            ("{{ messages[-1].content }}</a>", "hello", "hello"),
+            ("{{ messages[-1].content | trim }}</a>", "hello ", "hello"),
+            ("<a>{{ messages[-1].content }}", "  x  ", "<a>  x  "),
+        ];
+        for (src, content, want) in cases {
+            let t = ChatTemplate::new(src.into(), None, Vec::new()).unwrap();
+            let input = TemplateInput {
+                messages: vec![serde_json::json!({"role": "assistant", "content": content})],
+                continue_final_message: true,
+                ..TemplateInput::default()
+            };
+            assert_eq!(t.render(&input).unwrap(), want, "{src}");
+        }
+    }
+}

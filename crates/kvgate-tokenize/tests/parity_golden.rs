@@ -1,0 +1,61 @@
+//! Every case in `testdata/parity/` tokenized by the local backend must equal the golden
+//! ids recorded from a real vLLM 0.33 render server (`scripts/gen_parity.py`).
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: panics are failures
+
+use std::path::PathBuf;
+
+use bytes::Bytes;
+use kvgate_tokenize::parity::{self, collect_files, first_divergence, load_case};
+use kvgate_tokenize::{LocalOptions, LocalTokenizer};
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+#[test]
+fn local_backend_matches_every_golden() {
+    let tok = LocalTokenizer::load(
+        &root().join("testdata/tokenizers/qwen3"),
+        LocalOptions::default(),
+    )
+    .unwrap();
+    let files = collect_files(&[root().join("testdata/parity")]).unwrap();
+    let mut per_api = std::collections::BTreeMap::<String, usize>::new();
+    let mut failures = Vec::new();
+    for path in &files {
+        let case = load_case(path).unwrap();
+        *per_api.entry(case.api.clone()).or_default() += 1;
+        let api = case.api().unwrap();
+        let got = match tok.tokenize(api, &Bytes::from(case.body.clone().into_bytes())) {
+            Ok(p) => p.into_iter().map(|x| x.token_ids).collect::<Vec<_>>(),
+            Err(e) => {
+                failures.push(format!("{}/{}: local error: {e}", case.api, case.name));
+                continue;
+            }
+        };
+        if let Some(d) = first_divergence(&case.token_ids, &got) {
+            let report = parity::describe(&tok, &d, "golden", &case.token_ids, "local", &got);
+            failures.push(format!("{}/{}: {report}", case.api, case.name));
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} of {} cases diverge:\n{}",
+        failures.len(),
+        files.len(),
+        failures.join("\n")
+    );
+    assert!(
+        per_api.get("chat_completions").copied().unwrap_or(0) >= 40,
+        "{per_api:?}"
+    );
+    assert!(
+        per_api.get("completions").copied().unwrap_or(0) >= 10,
+        "{per_api:?}"
+    );
+    assert!(
+        per_api.get("messages").copied().unwrap_or(0) >= 10,
+        "{per_api:?}"
+    );
+}
