@@ -8,11 +8,10 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$ROOT"
-TOOLS="${VLLM_RENDER_TOOLS:-/work/shared/tools/vllm-render}"
+TOOLS="${VLLM_RENDER_TOOLS:-$ROOT/../shared/tools/vllm-render}"
 PORT="${PORT:-8765}"
 URL="http://127.0.0.1:$PORT"
 LOG_DIR="$(mktemp -d)"
-export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-/work/targets/tokenize}"
 
 if [ ! -x "$TOOLS/setup.sh" ]; then
   echo "SKIPPED (no vLLM render tools at $TOOLS)"; exit 0
@@ -37,14 +36,8 @@ until curl -sf "$URL/health" > /dev/null 2>&1; do
 done
 echo "render server ready at $URL"
 
-# (a) parity via the kvgate binary; fall back to the crate's example until the lead wires it.
-PARITY_ARGS=(parity --tokenizer testdata/tokenizers/qwen3 --render "$URL" testdata/parity)
-if cargo run -q -p kvgate -- parity --help > /dev/null 2>&1; then
-  cargo run -q -p kvgate -- "${PARITY_ARGS[@]}"
-else
-  echo "note: kvgate binary has no parity subcommand yet; using the kvgate-tokenize example"
-  cargo run -q -p kvgate-tokenize --example kvgate-tokenize -- "${PARITY_ARGS[@]}"
-fi
+# (a) `kvgate parity` over the whole corpus against the live server: zero divergences
+cargo run -q -p kvgate -- parity --tokenizer testdata/tokenizers/qwen3 --render "$URL" testdata/parity
 
 # (b) the render backend against the live server returns the goldens
 KVGATE_RENDER_URL="$URL" cargo test -q -p kvgate-tokenize --test render_live -- --ignored

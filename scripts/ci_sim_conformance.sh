@@ -3,7 +3,7 @@
 # (pyzmq + msgspec strict decoding), for both event encodings.
 #
 # Usage: scripts/ci_sim_conformance.sh            (builds the sim, creates a venv)
-# Env:   SIM_BIN=path      use this binary instead of building the example
+# Env:   SIM_BIN=path      the kvgate binary to run as `kvgate sim` (default: build it)
 #        SIM_VENV=dir      venv location (default: $TARGET/sim-conformance-venv)
 set -euo pipefail
 
@@ -18,8 +18,8 @@ fi
 "$VENV/bin/pip" install --quiet --disable-pip-version-check pyzmq msgspec
 
 if [ -z "${SIM_BIN:-}" ]; then
-  (cd "$ROOT" && cargo build --quiet -p kvgate-sim --example sim)
-  SIM_BIN=$TARGET/debug/examples/sim
+  (cd "$ROOT" && cargo build --quiet -p kvgate)
+  SIM_BIN=$TARGET/debug/kvgate
 fi
 
 free_port() { "$VENV/bin/python" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
@@ -31,7 +31,7 @@ trap cleanup EXIT
 status=0
 for enc in map array; do
   http=$(free_port); ev=$(free_port); rp=$(free_port)
-  "$SIM_BIN" --port "$http" --num-gpu-blocks 64 --itl-ms 0.2 --prefill-base-ms 1 \
+  "$SIM_BIN" sim --port "$http" --num-gpu-blocks 64 --itl-ms 0.2 --prefill-base-ms 1 \
     --kv-events-endpoint "tcp://*:$ev" --kv-events-replay-endpoint "tcp://*:$rp" \
     --kv-events-encoding "$enc" >"$TARGET/sim-conformance-$enc.log" 2>&1 &
   SIM_PID=$!

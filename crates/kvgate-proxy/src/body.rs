@@ -11,7 +11,8 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::{BodyExt, Full, combinators::BoxBody};
 use hyper::body::Incoming;
-use kvgate_request::{Api, SseModelRewriter};
+use kvgate_request::{Api, SseModelRewriter, SseUsageObserver, Usage, usage_from_json};
+use kvgate_schedule::{EndpointRegistry, EndpointState, InFlightGuard};
 
 use crate::metrics::{ApiLabels, ProxyMetrics, RequestLabels};
 
@@ -120,6 +121,95 @@ impl Drop for RequestGuard {
     }
 }
 
+/// Largest non-streamed body copied aside to read its `usage`.
+const MAX_USAGE_BODY: usize = 1 << 20;
+
+/// Where to report the engine's realized prefix-cache hit.
+#[derive(Debug)]
+pub struct Realized {
+    /// The registry keeping predicted-vs-realized counters.
+    pub registry: Arc<EndpointRegistry>,
+    /// The endpoint that served the request.
+    pub endpoint: Arc<EndpointState>,
+    /// Cached tokens the scheduler predicted for it.
+    pub predicted: u64,
+}
+
+/// How a response body is watched for `usage`.
+#[derive(Debug)]
+pub enum UsageWatch {
+    /// Not watched.
+    None,
+    /// SSE events, scanned as they pass.
+    Sse(SseUsageObserver),
+    /// A JSON body, copied aside (up to 1 MiB) and read at its end.
+    Json(Vec<u8>),
+}
+
+impl UsageWatch {
+    /// Watches an SSE stream.
+    pub fn sse() -> Self {
+        UsageWatch::Sse(SseUsageObserver::new())
+    }
+
+    /// Watches a JSON body.
+    pub fn json() -> Self {
+        UsageWatch::Json(Vec::new())
+    }
+
+    fn observe(&mut self, chunk: &[u8]) {
+        match self {
+            UsageWatch::None => {}
+            UsageWatch::Sse(obs) => obs.observe(chunk),
+            UsageWatch::Json(buf) => {
+                if buf.len() + chunk.len() <= MAX_USAGE_BODY {
+                    buf.extend_from_slice(chunk);
+                } else {
+                    *self = UsageWatch::None;
+                }
+            }
+        }
+    }
+
+    fn usage(&self) -> Option<Usage> {
+        match self {
+            UsageWatch::None => None,
+            UsageWatch::Sse(obs) => obs.usage(),
+            UsageWatch::Json(buf) => usage_from_json(buf),
+        }
+    }
+}
+
+/// Per-response state released when the body ends: in-flight load and the realized hit.
+#[derive(Debug)]
+pub struct Tracker {
+    /// In-flight load held on the chosen endpoint(s) until the response ends.
+    pub guards: Vec<InFlightGuard>,
+    /// Where to report the realized cache hit.
+    pub realized: Option<Realized>,
+    /// How the body is watched for `usage`.
+    pub usage: UsageWatch,
+}
+
+impl Tracker {
+    /// Reports the realized hit read from a complete body, then releases the load.
+    pub fn finish_with(mut self, body: &[u8]) {
+        self.usage.observe(body);
+        self.finish();
+    }
+
+    fn finish(self) {
+        let Some(realized) = self.realized else {
+            return;
+        };
+        if let Some(cached) = self.usage.usage().and_then(|u| u.cached_tokens) {
+            realized
+                .registry
+                .record_realized(&realized.endpoint, realized.predicted, cached);
+        }
+    }
+}
+
 /// An engine's response body passed through frame by frame, optionally restoring the client's
 /// model name in SSE events. Dropping it (client gone) drops the upstream body, which closes
 /// the upstream connection and so cancels the engine's work.
@@ -128,16 +218,23 @@ pub struct StreamBody {
     inner: Incoming,
     rewriter: Option<SseModelRewriter>,
     guard: RequestGuard,
+    tracker: Option<Tracker>,
     done: bool,
 }
 
 impl StreamBody {
     /// Wraps an upstream body.
-    pub fn new(inner: Incoming, rewriter: Option<SseModelRewriter>, guard: RequestGuard) -> Self {
+    pub fn new(
+        inner: Incoming,
+        rewriter: Option<SseModelRewriter>,
+        guard: RequestGuard,
+        tracker: Tracker,
+    ) -> Self {
         Self {
             inner,
             rewriter,
             guard,
+            tracker: Some(tracker),
             done: false,
         }
     }
@@ -159,6 +256,9 @@ impl Body for StreamBody {
             match Pin::new(&mut this.inner).poll_frame(cx) {
                 Poll::Pending => return Poll::Pending,
                 Poll::Ready(Some(Ok(frame))) => {
+                    if let (Some(tracker), Some(data)) = (this.tracker.as_mut(), frame.data_ref()) {
+                        tracker.usage.observe(data);
+                    }
                     let Some(rewriter) = this.rewriter.as_mut() else {
                         return Poll::Ready(Some(Ok(frame)));
                     };
@@ -180,6 +280,9 @@ impl Body for StreamBody {
                 }
                 Poll::Ready(None) => {
                     this.done = true;
+                    if let Some(tracker) = this.tracker.take() {
+                        tracker.finish();
+                    }
                     this.guard.complete();
                     let rest = this.rewriter.as_mut().map(SseModelRewriter::finish);
                     return Poll::Ready(rest.filter(|b| !b.is_empty()).map(|b| Ok(Frame::data(b))));

@@ -1,7 +1,11 @@
 //! Proxy configuration: the `kvgate.yaml` file shape and the validated runtime config.
 
-use std::{collections::HashMap, net::SocketAddr, time::Duration};
+use std::{collections::HashMap, net::SocketAddr, path::PathBuf, time::Duration};
 
+use kvgate_schedule::{
+    EndpointConfig, PluginSpec, ProfileSpec, RegistryConfig, SchedulerConfig, SchedulingSpec,
+};
+use kvgate_tokenize::{BackendKind, ModelTokenizerConfig, TokenizeConfig};
 use serde::Deserialize;
 
 /// Default proxy listen address.
@@ -15,25 +19,32 @@ pub const DEFAULT_ADMIN_LISTEN: &str = "0.0.0.0:9090";
 pub struct FileConfig {
     /// Proxy listen address, e.g. `0.0.0.0:8080`.
     pub listen: Option<SocketAddr>,
-    /// Admin listen address (`/health`, `/ready`, `/metrics`), e.g. `0.0.0.0:9090`.
+    /// Admin listen address (`/health`, `/ready`, `/metrics`, `/debug/state`), e.g. `0.0.0.0:9090`.
     pub admin_listen: Option<SocketAddr>,
-    /// Engine endpoints.
+    /// Engine endpoints (`url`, `labels`, `kv_events`, `kv_replay`, `model`, `block_size`).
     #[serde(default)]
     pub endpoints: Vec<EndpointConfig>,
-    /// Models and their aliases.
+    /// Models: aliases and how to tokenize them.
     #[serde(default)]
     pub models: Vec<ModelConfig>,
+    /// Tokenizer pool settings.
+    #[serde(default)]
+    pub tokenize: TokenizePool,
+    /// Endpoint scraping and health settings.
+    #[serde(default)]
+    pub engines: Option<RegistryConfig>,
+    /// Scheduler plugin instances.
+    #[serde(default)]
+    pub plugins: Vec<PluginSpec>,
+    /// Scheduler profiles.
+    #[serde(default)]
+    pub profiles: Vec<ProfileSpec>,
+    /// Profile handler selection.
+    #[serde(default)]
+    pub scheduling: SchedulingSpec,
 }
 
-/// One engine endpoint.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct EndpointConfig {
-    /// Base URL, `http://host:port` (an optional path prefix is kept).
-    pub url: String,
-}
-
-/// A model name and the aliases clients may use for it.
+/// A model name, the aliases clients may use for it, and its tokenizer.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ModelConfig {
@@ -42,6 +53,53 @@ pub struct ModelConfig {
     /// Other names clients may send; the canonical name is spliced in before forwarding.
     #[serde(default)]
     pub aliases: Vec<String>,
+    /// How kvgate computes this model's prompt tokens (absent: estimate only).
+    #[serde(default)]
+    pub tokenizer: Option<TokenizerSpec>,
+}
+
+/// `models[].tokenizer`: the backends of the model's tokenizer chain.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TokenizerSpec {
+    /// Directory with `tokenizer.json` and `tokenizer_config.json` (optionally `.gz`).
+    #[serde(default)]
+    pub local: Option<PathBuf>,
+    /// Base URL of an engine (or render server) answering `/v1/*/render`.
+    #[serde(default)]
+    pub render: Option<String>,
+    /// Explicit backend order (default: local, render, estimate — those configured).
+    #[serde(default)]
+    pub backends: Option<Vec<BackendKind>>,
+    /// Render timeout for text requests, in milliseconds (default 5000).
+    #[serde(default)]
+    pub render_timeout_ms: Option<u64>,
+    /// Render timeout when content parts hold media, in milliseconds (default 30000).
+    #[serde(default)]
+    pub render_media_timeout_ms: Option<u64>,
+}
+
+/// `tokenize:`: the blocking pool shared by every model's local tokenizer.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TokenizePool {
+    /// Threads tokenizing off the async runtime.
+    pub pool_threads: usize,
+    /// Requests that may wait for a thread; beyond that a request gets 503.
+    pub queue_limit: usize,
+    /// Bound of the segment cache, in tokens.
+    pub prefix_cache_max_tokens: u64,
+}
+
+impl Default for TokenizePool {
+    fn default() -> Self {
+        let d = TokenizeConfig::default();
+        Self {
+            pool_threads: d.pool_threads,
+            queue_limit: d.queue_limit,
+            prefix_cache_max_tokens: d.prefix_cache_max_tokens,
+        }
+    }
 }
 
 /// Why a configuration was rejected.
@@ -50,11 +108,20 @@ pub enum ConfigError {
     /// The YAML did not parse into the config shape; the message names the line.
     #[error("config: {0}")]
     Yaml(String),
-    /// An endpoint URL is not `http://host:port[/prefix]`.
-    #[error("endpoint `{url}`: {reason}")]
-    BadEndpoint {
-        /// The URL as given.
-        url: String,
+    /// The endpoint list is invalid (bad URL, duplicate, `kv_events` without `model`).
+    #[error(transparent)]
+    Endpoints(#[from] kvgate_schedule::RegistryError),
+    /// The scheduler config is invalid; the message names each line at fault.
+    #[error(transparent)]
+    Scheduler(#[from] kvgate_schedule::ConfigError),
+    /// A tokenizer could not be built.
+    #[error(transparent)]
+    Tokenizer(#[from] kvgate_tokenize::BuildError),
+    /// An `--endpoint` flag is malformed.
+    #[error("endpoint flag `{flag}`: {reason}")]
+    BadEndpointFlag {
+        /// The flag as given.
+        flag: String,
         /// What is wrong with it.
         reason: &'static str,
     },
@@ -101,12 +168,16 @@ pub struct ProxyConfig {
     pub upstream_timeout: Duration,
     /// Largest accepted request body; larger gets 413.
     pub max_body_bytes: usize,
-    /// How long a failed endpoint sits out before it is tried again (doubles per failure).
-    pub eject_base: Duration,
-    /// Upper bound on the ejection period.
-    pub eject_max: Duration,
     /// How often each endpoint's `/v1/models` is refreshed (`None`: only on demand).
     pub models_refresh: Option<Duration>,
+    /// Per-model tokenizer chains and the tokenizer pool.
+    pub tokenize: TokenizeConfig,
+    /// Endpoint scraping, health and index settings.
+    pub engines: RegistryConfig,
+    /// Plugins and profiles (empty: the default profile).
+    pub scheduler: SchedulerConfig,
+    /// Whether responses carry `x-kvgate-scores` with every candidate's scores.
+    pub scores_header: bool,
 }
 
 impl Default for ProxyConfig {
@@ -118,9 +189,11 @@ impl Default for ProxyConfig {
             retries: 2,
             upstream_timeout: Duration::from_secs(600),
             max_body_bytes: 32 << 20,
-            eject_base: Duration::from_secs(1),
-            eject_max: Duration::from_secs(30),
             models_refresh: Some(Duration::from_secs(30)),
+            tokenize: TokenizeConfig::default(),
+            engines: RegistryConfig::default(),
+            scheduler: SchedulerConfig::default(),
+            scores_header: false,
         }
     }
 }
@@ -132,7 +205,21 @@ impl ProxyConfig {
     /// [`ConfigError::AmbiguousAlias`] when an alias maps to two models.
     pub fn merge_file(&mut self, file: &FileConfig) -> Result<(), ConfigError> {
         self.endpoints.extend(file.endpoints.iter().cloned());
+        self.tokenize.pool_threads = file.tokenize.pool_threads;
+        self.tokenize.queue_limit = file.tokenize.queue_limit;
+        self.tokenize.prefix_cache_max_tokens = file.tokenize.prefix_cache_max_tokens;
+        if let Some(engines) = &file.engines {
+            self.engines = engines.clone();
+        }
+        self.scheduler = SchedulerConfig {
+            plugins: file.plugins.clone(),
+            profiles: file.profiles.clone(),
+            scheduling: file.scheduling.clone(),
+        };
         for model in &file.models {
+            if let Some(spec) = &model.tokenizer {
+                self.set_tokenizer(&model.name, spec);
+            }
             if !self.models.contains(&model.name) {
                 self.models.push(model.name.clone());
             }
@@ -164,6 +251,73 @@ impl ProxyConfig {
         }
     }
 
+    /// Sets (or replaces) a model's tokenizer chain.
+    pub fn set_tokenizer(&mut self, model: &str, spec: &TokenizerSpec) {
+        let mut m = ModelTokenizerConfig::new(model);
+        m.tokenizer_dir = spec.local.clone();
+        m.render_url = spec.render.clone();
+        m.backends = spec.backends.clone();
+        if let Some(ms) = spec.render_timeout_ms {
+            m.render_timeout_ms = ms;
+        }
+        if let Some(ms) = spec.render_media_timeout_ms {
+            m.render_media_timeout_ms = ms;
+        }
+        self.tokenize.models.retain(|c| c.model != model);
+        self.tokenize.models.push(m);
+        if !self.models.iter().any(|n| n == model) {
+            self.models.push(model.to_owned());
+        }
+    }
+
+    /// Parses an `--endpoint` flag: `URL[,kv=tcp://…][,replay=tcp://…][,model=NAME][,label=K=V…]`.
+    ///
+    /// # Errors
+    /// [`ConfigError::BadEndpointFlag`] for an unknown or malformed option.
+    pub fn add_endpoint_flag(&mut self, flag: &str) -> Result<(), ConfigError> {
+        let bad = |reason| ConfigError::BadEndpointFlag {
+            flag: flag.to_owned(),
+            reason,
+        };
+        let mut parts = flag.split(',');
+        let url = parts
+            .next()
+            .filter(|u| !u.is_empty())
+            .ok_or_else(|| bad("missing URL"))?;
+        let mut ep = EndpointConfig::new(url);
+        for part in parts {
+            let (key, value) = part
+                .split_once('=')
+                .ok_or_else(|| bad("options are KEY=VALUE"))?;
+            match key {
+                "kv" => ep.kv_events = Some(value.to_owned()),
+                "replay" => ep.kv_replay = Some(value.to_owned()),
+                "model" => ep.model = Some(value.to_owned()),
+                "label" => {
+                    let (k, v) = value
+                        .split_once('=')
+                        .ok_or_else(|| bad("label is label=KEY=VALUE"))?;
+                    ep.labels.insert(k.to_owned(), v.to_owned());
+                }
+                _ => return Err(bad("unknown option (kv, replay, model, label)")),
+            }
+        }
+        self.endpoints.push(ep);
+        Ok(())
+    }
+
+    /// Fills `model` of endpoints with KV events but no model, when exactly one model is
+    /// configured (the common single-model fleet).
+    pub fn default_endpoint_models(&mut self) {
+        if let [only] = self.models.as_slice() {
+            for ep in &mut self.endpoints {
+                if ep.kv_events.is_some() && ep.model.is_none() {
+                    ep.model = Some(only.clone());
+                }
+            }
+        }
+    }
+
     /// Parses an `ALIAS=MODEL` flag and adds it.
     ///
     /// # Errors
@@ -188,6 +342,7 @@ mod tests {
         let mut cfg = ProxyConfig::default();
         cfg.merge_file(&file).unwrap();
         assert_eq!(cfg.endpoints[0].url, "http://10.0.0.1:8000");
+        assert!(cfg.scheduler.is_empty());
         assert_eq!(cfg.aliases["qwen"], "Qwen/Qwen3-0.6B");
         assert_eq!(cfg.aliases["small"], "Qwen/Qwen3-0.6B");
         assert_eq!(cfg.models, vec!["Qwen/Qwen3-0.6B".to_owned()]);
@@ -199,6 +354,48 @@ mod tests {
         let err = FileConfig::from_yaml(yaml).unwrap_err().to_string();
         assert!(err.contains("weight"), "{err}");
         assert!(err.contains('4'), "line 4 not named: {err}");
+    }
+
+    #[test]
+    fn full_shape_with_tokenizer_kv_events_and_plugins() {
+        let yaml = "endpoints:\n  - url: http://a:1\n    kv_events: tcp://a:5557\n    model: m\nmodels:\n  - name: m\n    aliases: [x]\n    tokenizer: { local: /tok, render: http://a:1 }\nplugins:\n  - type: queue-scorer\ntokenize: { pool_threads: 3 }\n";
+        let file = FileConfig::from_yaml(yaml).unwrap();
+        let mut cfg = ProxyConfig::default();
+        cfg.merge_file(&file).unwrap();
+        assert_eq!(cfg.endpoints[0].kv_events.as_deref(), Some("tcp://a:5557"));
+        assert_eq!(cfg.tokenize.pool_threads, 3);
+        assert_eq!(
+            cfg.tokenize.models[0].tokenizer_dir,
+            Some(PathBuf::from("/tok"))
+        );
+        assert_eq!(
+            cfg.tokenize.models[0].render_url.as_deref(),
+            Some("http://a:1")
+        );
+        assert_eq!(cfg.scheduler.plugins.len(), 1);
+    }
+
+    #[test]
+    fn endpoint_flags() {
+        let mut cfg = ProxyConfig::default();
+        cfg.add_endpoint_flag("http://a:1,kv=tcp://a:5557,replay=tcp://a:5558,label=role=decode")
+            .unwrap();
+        cfg.add_alias("x", "m").unwrap();
+        cfg.default_endpoint_models();
+        let ep = &cfg.endpoints[0];
+        assert_eq!(ep.url, "http://a:1");
+        assert_eq!(ep.kv_events.as_deref(), Some("tcp://a:5557"));
+        assert_eq!(ep.kv_replay.as_deref(), Some("tcp://a:5558"));
+        assert_eq!(ep.model.as_deref(), Some("m"));
+        assert_eq!(ep.labels["role"], "decode");
+        for bad in [
+            "",
+            "http://a:1,bogus=1",
+            "http://a:1,kv",
+            "http://a:1,label=x",
+        ] {
+            assert!(cfg.add_endpoint_flag(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]

@@ -33,6 +33,9 @@ pub enum ProxyError {
     /// No endpoint serves the requested model.
     #[error("model `{0}` is not served by any endpoint")]
     ModelNotServed(String),
+    /// A bounded queue inside kvgate is full (e.g. the tokenizer queue).
+    #[error("kvgate is overloaded: {0}")]
+    Overloaded(&'static str),
     /// Every endpoint that could serve the request is ejected or failed.
     #[error("no healthy endpoint{}", detail.as_deref().map(|d| format!(": {d}")).unwrap_or_default())]
     NoHealthyEndpoint {
@@ -74,7 +77,9 @@ impl ProxyError {
             ProxyError::Parse(_) | ProxyError::ClientBody(_) => StatusCode::BAD_REQUEST,
             ProxyError::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ProxyError::ModelNotServed(_) => StatusCode::NOT_FOUND,
-            ProxyError::NoHealthyEndpoint { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            ProxyError::NoHealthyEndpoint { .. } | ProxyError::Overloaded(_) => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             ProxyError::UpstreamUnavailable { .. } | ProxyError::UpstreamBody { .. } => {
                 StatusCode::BAD_GATEWAY
             }
@@ -89,7 +94,7 @@ impl ProxyError {
             | ProxyError::ClientBody(_)
             | ProxyError::BodyTooLarge { .. }
             | ProxyError::ModelNotServed(_) => Origin::Client,
-            ProxyError::NoHealthyEndpoint { .. } => Origin::Internal,
+            ProxyError::NoHealthyEndpoint { .. } | ProxyError::Overloaded(_) => Origin::Internal,
             ProxyError::UpstreamUnavailable { .. }
             | ProxyError::UpstreamTimeout { .. }
             | ProxyError::UpstreamBody { .. } => Origin::Engine,
@@ -104,6 +109,7 @@ impl ProxyError {
             ProxyError::ClientBody(_) => "client_body_error",
             ProxyError::ModelNotServed(_) => "model_not_found",
             ProxyError::NoHealthyEndpoint { .. } => "no_healthy_endpoint",
+            ProxyError::Overloaded(_) => "overloaded",
             ProxyError::UpstreamUnavailable { .. } => "upstream_unavailable",
             ProxyError::UpstreamTimeout { .. } => "upstream_timeout",
             ProxyError::UpstreamBody { .. } => "upstream_body_error",

@@ -3,9 +3,8 @@
 //!
 //! # Layout
 //! - [`config`]: `kvgate.yaml` shape and the validated [`ProxyConfig`].
-//! - [`proxy`]: [`Proxy`], the request path (read → parse → alias → seal → pick → forward).
-//! - [`endpoint`]: [`Endpoint`] with passive health and discovered models.
-//! - [`picker`]: the [`Picker`] trait and [`RoundRobin`].
+//! - [`proxy`]: [`Proxy`], the request path (read → parse → alias → seal → tokenize →
+//!   schedule → forward → watch `usage`).
 //! - [`body`]: streamed response bodies and the per-request accounting guard.
 //! - [`models`]: model discovery and kvgate's own `GET /v1/models`.
 //! - [`error`]: [`ProxyError`] → status, JSON body, metric reason.
@@ -15,22 +14,20 @@
 
 pub mod body;
 pub mod config;
-pub mod endpoint;
 pub mod error;
 pub mod metrics;
 mod models;
-pub mod picker;
 pub mod proxy;
 pub mod server;
 #[cfg(any(test, feature = "test-util"))]
 pub mod test_util;
 
+pub use kvgate_schedule::EndpointConfig;
+
 pub use self::{
     body::ProxyBody,
-    config::{ConfigError, EndpointConfig, FileConfig, ModelConfig, ProxyConfig},
-    endpoint::Endpoint,
+    config::{ConfigError, FileConfig, ModelConfig, ProxyConfig, TokenizePool, TokenizerSpec},
     error::ProxyError,
-    picker::{Picker, RoundRobin},
     proxy::Proxy,
     server::run,
 };

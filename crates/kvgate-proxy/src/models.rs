@@ -1,12 +1,18 @@
 //! Model discovery (`GET /v1/models` on each endpoint) and the pool-wide model list.
 
-use std::{collections::HashMap, sync::Arc, time::Duration};
+use std::{
+    collections::HashMap,
+    sync::{Arc, PoisonError},
+    time::{Duration, Instant},
+};
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
 use serde_json::{Value, json};
 
-use crate::{Proxy, endpoint::Endpoint};
+use kvgate_schedule::{EndpointState, ServedModel};
+
+use crate::Proxy;
 
 /// Largest `/v1/models` body kvgate reads from an engine.
 const MAX_MODELS_BODY: usize = 4 << 20;
@@ -30,7 +36,7 @@ impl Proxy {
     /// Fetches one endpoint's `/v1/models` and stores it.
     pub(crate) async fn discover(
         &self,
-        ep: &Endpoint,
+        ep: &EndpointState,
         timeout: Duration,
     ) -> Result<(), DiscoveryError> {
         let uri = ep
@@ -61,19 +67,30 @@ impl Proxy {
         let models = tokio::time::timeout(timeout, fetch)
             .await
             .map_err(|_| DiscoveryError::Timeout)??;
-        ep.set_models(models);
+        ep.set_served_models(models.iter().filter_map(|m| {
+            Some(ServedModel {
+                id: m.get("id")?.as_str()?.to_owned(),
+                // vLLM lists LoRA adapters with `parent` set to the base model.
+                parent: m.get("parent").and_then(Value::as_str).map(str::to_owned),
+            })
+        }));
+        self.model_objects
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(ep.name().to_owned(), Arc::new(models));
         Ok(())
     }
 
     /// Refreshes every endpoint's model list concurrently.
     pub(crate) async fn discover_all(&self, timeout: Duration) {
-        let tasks = self.endpoints.iter().map(|ep| async move {
+        let endpoints = self.registry.endpoints();
+        let tasks = endpoints.iter().map(|ep| async move {
             match self.discover(ep, timeout).await {
                 Ok(()) => ep.record_success(),
                 Err(e) => {
-                    tracing::debug!(endpoint = %ep.name, error = %e, "model discovery failed");
+                    tracing::debug!(endpoint = %ep.name(), error = %e, "model discovery failed");
                     if matches!(e, DiscoveryError::Connect(_)) {
-                        self.eject(ep);
+                        self.eject(ep, Instant::now());
                     }
                 }
             }
@@ -96,8 +113,13 @@ impl Proxy {
     pub(crate) async fn model_list(&self) -> Bytes {
         self.discover_all(Duration::from_secs(2)).await;
         let mut by_id: Vec<(String, Value)> = Vec::new();
-        for ep in &self.endpoints {
-            for model in ep.models().iter().flat_map(|m| m.iter()) {
+        let objects = self
+            .model_objects
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        for ep in self.registry.endpoints().iter() {
+            for model in objects.get(ep.name()).iter().flat_map(|m| m.iter()) {
                 let Some(id) = model.get("id").and_then(Value::as_str) else {
                     continue;
                 };

@@ -1,28 +1,43 @@
 //! [`Proxy`]: the request path from client bytes to an engine response.
 
-use std::{sync::Arc, time::Instant};
+use std::{
+    collections::HashMap,
+    sync::{Arc, Mutex},
+    time::Instant,
+};
 
+use arc_swap::ArcSwap;
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Method, Response, StatusCode, header};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 use hyper_util::client::legacy::{Client, connect::HttpConnector};
+use kvgate_kvcache::{IndexConfig, KvIndex, KvMetrics};
 use kvgate_request::{Api, Request, SealedRequest, SseModelRewriter};
+use kvgate_schedule::{
+    CycleState, EndpointConfig, EndpointRegistry, EndpointState, InFlightGuard, RegistryHandles,
+    RequestFacts, SCORES_HEADER, ScheduleError, ScheduleMetrics, Scheduler, SchedulerConfig,
+    SchedulerHandles,
+};
+use kvgate_tokenize::{TokenizeError, TokenizeService};
+use prometheus_client::registry::Registry;
+use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::{
-    body::{ProxyBody, RequestGuard, StreamBody, full},
+    body::{ProxyBody, Realized, RequestGuard, StreamBody, Tracker, UsageWatch, full},
     config::{ConfigError, ProxyConfig},
-    endpoint::Endpoint,
     error::ProxyError,
     metrics::{ApiLabels, EndpointLabels, ErrorLabels, ProxyMetrics},
-    picker::{Picker, RoundRobin},
 };
 
 /// Header carrying the request id (taken from the client, or generated).
 pub const REQUEST_ID: &str = "x-request-id";
 /// Header naming the endpoint that served the request.
 pub const SERVED_BY: &str = "x-kvgate-endpoint";
+
+/// With `--scores-header`: the cached prompt tokens the scheduler predicted for the pick.
+pub const PREDICTED_HEADER: &str = "x-kvgate-predicted-tokens";
 
 /// Largest non-streamed engine body kvgate buffers to restore an aliased model name; larger
 /// bodies are forwarded unchanged.
@@ -40,14 +55,20 @@ const HOP_BY_HOP: [&str; 8] = [
     "upgrade",
 ];
 
-/// The proxy: endpoints, picker, upstream client and metrics. Shared by every connection.
+/// The proxy: endpoint registry, scheduler, tokenizer, upstream client and metrics. Shared by
+/// every connection.
 #[derive(Debug)]
 pub struct Proxy {
     pub(crate) config: ProxyConfig,
-    pub(crate) endpoints: Vec<Arc<Endpoint>>,
-    picker: Box<dyn Picker>,
+    pub(crate) registry: Arc<EndpointRegistry>,
+    scheduler: ArcSwap<Scheduler>,
+    handles: SchedulerHandles,
+    tokenizer: TokenizeService,
     pub(crate) client: Client<HttpConnector, Full<Bytes>>,
     metrics: ProxyMetrics,
+    /// Each endpoint's `/v1/models` objects, by endpoint name.
+    pub(crate) model_objects: Mutex<HashMap<String, Arc<Vec<serde_json::Value>>>>,
+    cancel: CancellationToken,
 }
 
 /// One upstream attempt's failure.
@@ -58,36 +79,46 @@ enum AttemptError {
     Fatal(ProxyError),
 }
 
-impl Proxy {
-    /// Builds the proxy. Metrics are registered into `registry` (the `kvgate` sub-registry).
-    ///
-    /// # Errors
-    /// [`ConfigError`] for a bad endpoint URL or no endpoints.
-    pub fn new(
-        config: ProxyConfig,
-        registry: &mut prometheus_client::registry::Registry,
-    ) -> Result<Arc<Proxy>, ConfigError> {
-        Self::with_picker(config, Box::new(RoundRobin::default()), registry)
-    }
+/// What a successful send hands to the response path.
+struct Sent {
+    response: Response<Incoming>,
+    endpoint: Arc<EndpointState>,
+    guards: Vec<InFlightGuard>,
+    predicted: Option<u64>,
+    scores: Option<String>,
+}
 
-    /// Builds the proxy with a specific picker.
+impl Proxy {
+    /// Builds the proxy: the endpoint registry (scrape tasks, KV-event subscribers), the
+    /// scheduler and the tokenizer chains. Must run inside a tokio runtime. Metrics are
+    /// registered into `registry` under `kvgate_…` names.
     ///
     /// # Errors
-    /// [`ConfigError`] for a bad endpoint URL or no endpoints.
-    pub fn with_picker(
-        config: ProxyConfig,
-        picker: Box<dyn Picker>,
-        registry: &mut prometheus_client::registry::Registry,
-    ) -> Result<Arc<Proxy>, ConfigError> {
+    /// [`ConfigError`] for no endpoints, a bad endpoint, scheduler config or tokenizer.
+    pub fn new(config: ProxyConfig, registry: &mut Registry) -> Result<Arc<Proxy>, ConfigError> {
         if config.endpoints.is_empty() {
             return Err(ConfigError::NoEndpoints);
         }
-        let endpoints = config
-            .endpoints
-            .iter()
-            .enumerate()
-            .map(|(i, c)| Endpoint::new(i, c).map(Arc::new))
-            .collect::<Result<Vec<_>, _>>()?;
+        let kv_index = KvIndex::new(IndexConfig::default(), KvMetrics::new(registry));
+        let schedule_metrics = ScheduleMetrics::new(registry);
+        let tokenizer = TokenizeService::new(&config.tokenize, registry)?;
+        let metrics = ProxyMetrics::new(registry.sub_registry_with_prefix("kvgate"));
+        let cancel = CancellationToken::new();
+        let endpoints = EndpointRegistry::new(
+            config.engines.clone(),
+            RegistryHandles {
+                kv_index: kv_index.clone(),
+                metrics: schedule_metrics.clone(),
+                cancel: cancel.clone(),
+            },
+        )?;
+        endpoints.reconcile(&config.endpoints)?;
+        let handles = SchedulerHandles {
+            kv_index,
+            metrics: schedule_metrics,
+            precise: endpoints.has_kv_events(),
+        };
+        let scheduler = Scheduler::from_config(&config.scheduler, &handles)?;
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
         connector.set_connect_timeout(Some(std::time::Duration::from_secs(5)));
@@ -97,22 +128,57 @@ impl Proxy {
             .build(connector);
         Ok(Arc::new(Proxy {
             config,
-            endpoints,
-            picker,
+            registry: Arc::new(endpoints),
+            scheduler: ArcSwap::from_pointee(scheduler),
+            handles,
+            tokenizer,
             client,
-            metrics: ProxyMetrics::new(registry),
+            metrics,
+            model_objects: Mutex::default(),
+            cancel,
         }))
     }
 
-    /// The endpoints, in configured order.
-    pub fn endpoints(&self) -> &[Arc<Endpoint>] {
-        &self.endpoints
+    /// The current endpoints, in configured order.
+    pub fn endpoints(&self) -> Arc<Vec<Arc<EndpointState>>> {
+        self.registry.endpoints()
+    }
+
+    /// The endpoint registry (state, load, index holdings).
+    pub fn registry(&self) -> &EndpointRegistry {
+        &self.registry
+    }
+
+    /// Applies a changed config file: the endpoint list and the scheduler's plugins and
+    /// profiles. In-flight requests keep the endpoints and scheduler they started with.
+    ///
+    /// # Errors
+    /// [`ConfigError`]; on error nothing changes.
+    pub fn reload(
+        &self,
+        endpoints: &[EndpointConfig],
+        scheduler: &SchedulerConfig,
+    ) -> Result<(), ConfigError> {
+        let handles = SchedulerHandles {
+            precise: self.handles.precise || endpoints.iter().any(|e| e.kv_events.is_some()),
+            ..self.handles.clone()
+        };
+        let next = Scheduler::from_config(scheduler, &handles)?;
+        let report = self.registry.reconcile(endpoints)?;
+        self.scheduler.store(Arc::new(next));
+        tracing::info!(added = ?report.added, removed = ?report.removed, kept = report.kept.len(), "config reloaded");
+        Ok(())
     }
 
     /// Whether any endpoint can take traffic now.
     pub fn is_ready(&self) -> bool {
         let now = Instant::now();
-        self.endpoints.iter().any(|e| e.is_healthy(now))
+        self.registry.endpoints().iter().any(|e| e.is_healthy(now))
+    }
+
+    /// Stops background tasks (scraping, KV-event subscribers).
+    pub fn shutdown(&self) {
+        self.cancel.cancel();
     }
 
     /// Serves one client request. Never fails: errors become OpenAI-shaped JSON responses.
@@ -157,7 +223,8 @@ impl Proxy {
         resp
     }
 
-    /// Reads, parses, seals and forwards a request; the guard moves into the response body.
+    /// Reads, parses, seals, tokenizes, schedules and forwards a request; the guard moves into
+    /// the response body.
     async fn forward(
         &self,
         req: http::Request<Incoming>,
@@ -173,17 +240,24 @@ impl Proxy {
             Ok(sealed) => sealed,
             Err(e) => return Err((e, guard)),
         };
+        let facts = match self.request_facts(&sealed, &parts.headers).await {
+            Ok(facts) => facts,
+            Err(e) => return Err((e, guard)),
+        };
         let headers = upstream_headers(&parts.headers, request_id);
         let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
-        let (resp, ep) = match self.send(&parts.method, path, &headers, &sealed).await {
-            Ok(ok) => ok,
+        let sent = match self
+            .send(&parts.method, path, &headers, &sealed, facts)
+            .await
+        {
+            Ok(sent) => sent,
             Err(e) => return Err((e, guard)),
         };
         self.metrics
             .first_byte
             .get_or_create(&ApiLabels { api: api.label() })
             .observe(guard.start().elapsed().as_secs_f64());
-        self.respond(resp, &ep, &sealed, guard).await
+        self.respond(sent, &sealed, guard).await
     }
 
     /// Reads the body within the size limit, parses it and resolves the model alias.
@@ -224,68 +298,129 @@ impl Proxy {
         Ok(sealed)
     }
 
-    /// Picks endpoints and sends until one answers with headers, within the retry budget.
+    /// What the scheduler knows about the request: model, LoRA adapter, session and, when a
+    /// tokenizer chain serves the model, the prompt tokens (computed from the sealed bytes).
+    async fn request_facts(
+        &self,
+        sealed: &SealedRequest,
+        headers: &HeaderMap,
+    ) -> Result<RequestFacts, ProxyError> {
+        let mut facts = RequestFacts::from_request(sealed, headers);
+        let Some(model) = sealed.model() else {
+            return Ok(facts);
+        };
+        if let Some(base) = self.lora_parent(model) {
+            tracing::debug!(adapter = model, base = %base, "request for a LoRA adapter");
+            facts = facts.with_lora_adapter(model);
+        }
+        if self.tokenizer.chain(model).is_none() || !sealed.api().is_parsed() {
+            return Ok(facts);
+        }
+        match self.tokenizer.tokenize(sealed).await {
+            Ok(t) => {
+                let exact = t.exact;
+                Ok(facts.with_tokens(t.token_ids().to_vec(), exact, Vec::new()))
+            }
+            Err(TokenizeError::QueueFull) => Err(ProxyError::Overloaded("tokenizer queue full")),
+            // Every fallback was logged and counted by the chain; route on load alone.
+            Err(e) => {
+                tracing::debug!(error = %e, "routing without prompt tokens");
+                Ok(facts)
+            }
+        }
+    }
+
+    /// The base model of `model` when some endpoint serves it as a LoRA adapter.
+    fn lora_parent(&self, model: &str) -> Option<String> {
+        self.registry.endpoints().iter().find_map(|ep| {
+            ep.served_models()?
+                .iter()
+                .find(|m| m.id == model)
+                .and_then(|m| m.parent.clone())
+        })
+    }
+
+    /// Schedules and sends until an endpoint answers with headers, within the retry budget.
     async fn send(
         &self,
         method: &Method,
         path: &str,
         headers: &HeaderMap,
         sealed: &SealedRequest,
-    ) -> Result<(Response<Incoming>, Arc<Endpoint>), ProxyError> {
-        let serving: Vec<Arc<Endpoint>> = match sealed.model() {
-            Some(model) => self
-                .endpoints
-                .iter()
-                .filter(|e| e.serves(model))
-                .cloned()
-                .collect(),
-            None => self.endpoints.clone(),
-        };
-        if serving.is_empty() {
-            let model = sealed.model().unwrap_or_default().to_owned();
-            return Err(ProxyError::ModelNotServed(model));
+        facts: RequestFacts,
+    ) -> Result<Sent, ProxyError> {
+        let all = self.registry.endpoints();
+        if let Some(model) = sealed.model()
+            && !all.is_empty()
+            && all.iter().all(|e| e.serves(model) == Some(false))
+        {
+            return Err(ProxyError::ModelNotServed(model.to_owned()));
         }
-        let mut tried: Vec<usize> = Vec::new();
+        let scheduler = self.scheduler.load_full();
+        let mut tried: Vec<String> = Vec::new();
         let mut last: Option<(String, String)> = None;
         for _attempt in 0..=self.config.retries {
             let now = Instant::now();
-            let candidates: Vec<Arc<Endpoint>> = serving
-                .iter()
-                .filter(|e| e.is_healthy(now) && !tried.contains(&e.index))
-                .cloned()
+            let candidates: Vec<Arc<EndpointState>> = self
+                .registry
+                .healthy(now)
+                .into_iter()
+                .filter(|e| !tried.iter().any(|t| t == e.name()))
                 .collect();
             if candidates.is_empty() {
                 break;
             }
-            let ep = candidates[self
-                .picker
-                .pick(sealed, &candidates)
-                .min(candidates.len() - 1)]
-            .clone();
-            tried.push(ep.index);
-            match self.attempt(&ep, method, path, headers, sealed).await {
-                Ok(resp) => {
+            let mut cycle = CycleState::new(facts.clone(), now);
+            let mut decision = match scheduler.schedule(&mut cycle, &candidates) {
+                Ok(d) => d,
+                Err(ScheduleError::NoCandidates) => break,
+                Err(e) => {
+                    return Err(ProxyError::NoHealthyEndpoint {
+                        detail: Some(e.to_string()),
+                    });
+                }
+            };
+            let guards = decision.take_guards();
+            let ep = decision.endpoint().clone();
+            tried.push(ep.name().to_owned());
+            let mut headers = headers.clone();
+            for (name, value) in decision.headers() {
+                if let Ok(v) = HeaderValue::from_str(value) {
+                    headers.insert(*name, v);
+                }
+            }
+            match self.attempt(&ep, method, path, &headers, sealed).await {
+                Ok(response) => {
                     ep.record_success();
-                    return Ok((resp, ep));
+                    let scores = self.config.scores_header.then(|| decision.scores_header());
+                    return Ok(Sent {
+                        response,
+                        endpoint: ep,
+                        guards,
+                        predicted: decision.predicted_cached_tokens(),
+                        scores,
+                    });
                 }
                 Err(AttemptError::Fatal(e)) => return Err(e),
                 Err(AttemptError::Retryable(reason)) => {
-                    tracing::warn!(endpoint = %ep.name, error = %reason, "upstream attempt failed before any byte");
+                    tracing::warn!(endpoint = %ep.name(), error = %reason, "upstream attempt failed before any byte");
                     self.metrics
                         .retries
                         .get_or_create(&EndpointLabels {
-                            endpoint: ep.name.clone(),
+                            endpoint: ep.name().to_owned(),
                         })
                         .inc();
-                    self.eject(&ep);
-                    last = Some((ep.name.clone(), reason));
+                    self.eject(&ep, now);
+                    last = Some((ep.name().to_owned(), reason));
                 }
             }
         }
         let attempts = tried.len() as u32;
-        let untried_healthy = serving
+        let untried_healthy = self
+            .registry
+            .healthy(Instant::now())
             .iter()
-            .any(|e| e.is_healthy(Instant::now()) && !tried.contains(&e.index));
+            .any(|e| !tried.iter().any(|t| t == e.name()));
         match last {
             Some((endpoint, reason)) if untried_healthy => Err(ProxyError::UpstreamUnavailable {
                 endpoint,
@@ -301,7 +436,7 @@ impl Proxy {
 
     async fn attempt(
         &self,
-        ep: &Endpoint,
+        ep: &EndpointState,
         method: &Method,
         path: &str,
         headers: &HeaderMap,
@@ -324,7 +459,7 @@ impl Proxy {
         let timeout = self.config.upstream_timeout;
         match tokio::time::timeout(timeout, self.client.request(req)).await {
             Err(_) => Err(AttemptError::Fatal(ProxyError::UpstreamTimeout {
-                endpoint: ep.name.clone(),
+                endpoint: ep.name().to_owned(),
                 timeout_ms: timeout.as_millis(),
             })),
             Ok(Err(e)) => {
@@ -340,38 +475,48 @@ impl Proxy {
         }
     }
 
-    /// Ejects an endpoint after a connect-level failure.
-    pub(crate) fn eject(&self, ep: &Endpoint) {
-        let period = ep.record_failure(
-            Instant::now(),
-            self.config.eject_base,
-            self.config.eject_max,
-        );
-        self.metrics
-            .ejections
-            .get_or_create(&EndpointLabels {
-                endpoint: ep.name.clone(),
-            })
-            .inc();
-        tracing::debug!(endpoint = %ep.name, ejected_ms = period.as_millis() as u64, "endpoint ejected");
+    /// Records a connect-level failure; the endpoint is ejected with backoff.
+    pub(crate) fn eject(&self, ep: &EndpointState, now: Instant) {
+        if let Some(period) = ep.record_failure(now) {
+            self.metrics
+                .ejections
+                .get_or_create(&EndpointLabels {
+                    endpoint: ep.name().to_owned(),
+                })
+                .inc();
+            tracing::debug!(endpoint = %ep.name(), ejected_ms = period.as_millis() as u64, "endpoint ejected");
+        }
     }
 
-    /// Turns the engine's response into the client's, restoring an aliased model name.
+    /// Turns the engine's response into the client's, restoring an aliased model name and
+    /// watching for `usage` to compare predicted with realized cache hits.
     async fn respond(
         &self,
-        resp: Response<Incoming>,
-        ep: &Endpoint,
+        sent: Sent,
         sealed: &SealedRequest,
         mut guard: RequestGuard,
     ) -> Result<Response<ProxyBody>, (ProxyError, RequestGuard)> {
-        let (mut parts, body) = resp.into_parts();
+        let Sent {
+            response,
+            endpoint: ep,
+            guards,
+            predicted,
+            scores,
+        } = sent;
+        let (mut parts, body) = response.into_parts();
         strip_hop_by_hop(&mut parts.headers);
         // kvgate frames the body itself (chunked or content-length, h1 or h2).
         parts.headers.remove(header::TRANSFER_ENCODING);
-        if let Ok(v) = HeaderValue::from_str(&ep.name) {
+        if let Ok(v) = HeaderValue::from_str(ep.name()) {
             parts.headers.insert(SERVED_BY, v);
         }
-        guard.set_outcome(parts.status.as_u16(), Some(ep.name.clone()));
+        if let Some(v) = scores.and_then(|s| HeaderValue::from_str(&s).ok()) {
+            parts.headers.insert(SCORES_HEADER, v);
+            parts
+                .headers
+                .insert(PREDICTED_HEADER, HeaderValue::from(predicted.unwrap_or(0)));
+        }
+        guard.set_outcome(parts.status.as_u16(), Some(ep.name().to_owned()));
         let alias = match (sealed.requested_model(), sealed.model()) {
             (Some(asked), Some(sent)) if asked != sent => Some(asked.to_owned()),
             _ => None,
@@ -383,6 +528,22 @@ impl Proxy {
             .unwrap_or("");
         let is_sse = content_type.starts_with("text/event-stream");
         let is_json = content_type.starts_with("application/json");
+        let realized = parts.status.is_success().then(|| Realized {
+            registry: self.registry.clone(),
+            endpoint: ep.clone(),
+            predicted: predicted.unwrap_or(0),
+        });
+        let tracker = Tracker {
+            guards,
+            realized,
+            usage: if is_sse {
+                UsageWatch::sse()
+            } else if is_json {
+                UsageWatch::json()
+            } else {
+                UsageWatch::None
+            },
+        };
         match alias {
             Some(asked) if is_json => {
                 let collected = Limited::new(body, MAX_REWRITE_BODY).collect().await;
@@ -390,12 +551,13 @@ impl Proxy {
                     Ok(c) => c.to_bytes(),
                     Err(e) => {
                         let err = ProxyError::UpstreamBody {
-                            endpoint: ep.name.clone(),
+                            endpoint: ep.name().to_owned(),
                             reason: e.to_string(),
                         };
                         return Err((err, guard));
                     }
                 };
+                tracker.finish_with(&bytes);
                 let bytes =
                     kvgate_request::rewrite_model_json(&bytes, &asked).map_or(bytes, Bytes::from);
                 parts
@@ -406,12 +568,13 @@ impl Proxy {
             }
             Some(asked) if is_sse => {
                 parts.headers.remove(header::CONTENT_LENGTH);
-                let body = StreamBody::new(body, Some(SseModelRewriter::new(asked)), guard);
+                let body =
+                    StreamBody::new(body, Some(SseModelRewriter::new(asked)), guard, tracker);
                 Ok(Response::from_parts(parts, body.boxed()))
             }
             _ => Ok(Response::from_parts(
                 parts,
-                StreamBody::new(body, None, guard).boxed(),
+                StreamBody::new(body, None, guard, tracker).boxed(),
             )),
         }
     }

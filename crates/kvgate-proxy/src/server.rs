@@ -33,7 +33,8 @@ pub async fn run(
         .models_refresh
         .map(|every| tokio::spawn(proxy.clone().discovery_loop(every)));
     let admin_task = tokio::spawn(serve_admin(admin, proxy.clone(), registry));
-    let result = serve_proxy(listener, proxy, shutdown).await;
+    let result = serve_proxy(listener, proxy.clone(), shutdown).await;
+    proxy.shutdown();
     admin_task.abort();
     if let Some(task) = discovery {
         task.abort();
@@ -93,7 +94,7 @@ async fn serve_proxy(
     Ok(())
 }
 
-/// The admin accept loop: `/health`, `/ready`, `/metrics`.
+/// The admin accept loop: `/health`, `/ready`, `/metrics`, `/debug/state[.json]`.
 async fn serve_admin(listener: TcpListener, proxy: Arc<Proxy>, registry: Arc<Registry>) {
     let builder = auto::Builder::new(TokioExecutor::new());
     loop {
@@ -124,6 +125,25 @@ fn admin_route(path: &str, proxy: &Proxy, registry: &Registry) -> Response<crate
             "text/plain",
             "no healthy endpoint\n".to_owned(),
         ),
+        "/debug/state.json" => {
+            let snapshot = proxy.registry().snapshot(std::time::Instant::now());
+            match serde_json::to_string_pretty(&snapshot) {
+                Ok(json) => (StatusCode::OK, "application/json", json),
+                Err(e) => (
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "text/plain",
+                    e.to_string(),
+                ),
+            }
+        }
+        "/debug/state" => {
+            let snapshot = proxy.registry().snapshot(std::time::Instant::now());
+            (
+                StatusCode::OK,
+                "text/html; charset=utf-8",
+                kvgate_schedule::render_html(&snapshot),
+            )
+        }
         "/metrics" => {
             let mut text = String::new();
             match prometheus_client::encoding::text::encode(&mut text, registry) {

@@ -146,6 +146,14 @@ async fn serve_conn(
         let Some(captured) = read_request(&mut stream, &mut buf).await else {
             return;
         };
+        if captured.head.starts_with("GET /metrics ") {
+            // The proxy's load scraper: answer without recording it.
+            let resp = "HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\n\r\n";
+            if stream.write_all(resp.as_bytes()).await.is_err() {
+                return;
+            }
+            continue;
+        }
         let model = serde_json::from_slice::<serde_json::Value>(&captured.body)
             .ok()
             .and_then(|v| v.get("model").and_then(|m| m.as_str()).map(str::to_owned))

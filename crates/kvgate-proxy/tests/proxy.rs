@@ -18,7 +18,7 @@ fn config(urls: &[String]) -> ProxyConfig {
     let mut c = ProxyConfig {
         endpoints: urls
             .iter()
-            .map(|u| EndpointConfig { url: u.clone() })
+            .map(|u| EndpointConfig::new(u.clone()))
             .collect(),
         models_refresh: None,
         ..ProxyConfig::default()
@@ -283,20 +283,25 @@ async fn refused_endpoint_is_retried_on_another() {
     let dead = format!("http://{}", dead_addr());
     let mut spy = Spy::start(Behavior::Json(r#"{"ok":true}"#.into())).await;
     let proxy = RunningProxy::start(config(&[dead.clone(), spy.url()])).await;
-    for _ in 0..4 {
+    let dead_name = dead.trim_start_matches("http://");
+    let retried = format!("kvgate_upstream_retries_total{{endpoint=\"{dead_name}\"}} 1");
+    // The scheduler breaks the tie between two idle endpoints at random: send until one
+    // request was first sent to the dead endpoint (1 in 2 per request).
+    let mut sent = 0;
+    loop {
         let (status, headers, _) = post_chat(&proxy, r#"{"model":"m"}"#).await;
         assert_eq!(status, StatusCode::OK);
         assert_eq!(headers["x-kvgate-endpoint"], spy.addr.to_string().as_str());
         spy.next_request().await;
+        sent += 1;
+        if metrics(&proxy).await.contains(&retried) {
+            break;
+        }
+        assert!(
+            sent < 40,
+            "no request was ever tried on the dead endpoint first"
+        );
     }
-    let m = metrics(&proxy).await;
-    let dead_name = dead.trim_start_matches("http://");
-    assert!(
-        m.contains(&format!(
-            "kvgate_upstream_retries_total{{endpoint=\"{dead_name}\"}} 1"
-        )),
-        "{m}"
-    );
 }
 
 #[tokio::test]

@@ -3,7 +3,7 @@
 use std::{net::SocketAddr, path::PathBuf, sync::Arc, time::Duration};
 
 use anyhow::Context;
-use kvgate_proxy::{EndpointConfig, FileConfig, Proxy, ProxyConfig, config};
+use kvgate_proxy::{FileConfig, Proxy, ProxyConfig, config};
 use prometheus_client::registry::Registry;
 
 /// Flags of `kvgate serve`. Routing settings live in the config file; flags cover the process
@@ -19,9 +19,18 @@ pub(crate) struct ServeArgs {
     /// Admin listen address for /health, /ready, /metrics [default: 0.0.0.0:9090].
     #[arg(long)]
     admin_listen: Option<SocketAddr>,
-    /// Engine base URL, e.g. http://10.0.0.1:8000 (repeatable; added to the config's).
-    #[arg(long = "endpoint", value_name = "URL")]
+    /// Engine endpoint (repeatable; added to the config's): `URL[,kv=tcp://HOST:PORT]
+    /// [,replay=tcp://HOST:PORT][,model=NAME][,label=KEY=VALUE]`. `kv=` subscribes to the
+    /// engine's KV-cache events for precise prefix routing.
+    #[arg(long = "endpoint", value_name = "URL[,kv=…]")]
     endpoints: Vec<String>,
+    /// Local tokenizer for a model, MODEL=DIR (repeatable): a directory with
+    /// tokenizer.json and tokenizer_config.json (optionally .gz).
+    #[arg(long = "tokenizer", value_name = "MODEL=DIR")]
+    tokenizers: Vec<String>,
+    /// Add `x-kvgate-scores` (every candidate's per-scorer scores) to responses.
+    #[arg(long)]
+    scores_header: bool,
     /// Model alias, ALIAS=MODEL (repeatable): requests for ALIAS reach engines as MODEL.
     #[arg(long = "alias", value_name = "ALIAS=MODEL")]
     aliases: Vec<String>,
@@ -61,9 +70,10 @@ pub(crate) fn main(args: ServeArgs) -> anyhow::Result<()> {
         .enable_all()
         .build()
         .context("starting the async runtime")?;
+    let args = Arc::new(args);
     runtime.block_on(async move {
         let mut registry = Registry::default();
-        let proxy = Proxy::new(config, registry.sub_registry_with_prefix("kvgate"))?;
+        let proxy = Proxy::new(config, &mut registry)?;
         let listener = tokio::net::TcpListener::bind(listen)
             .await
             .with_context(|| format!("binding {listen}"))?;
@@ -76,6 +86,9 @@ pub(crate) fn main(args: ServeArgs) -> anyhow::Result<()> {
             endpoints = proxy.endpoints().len(),
             "kvgate serving"
         );
+        if let Some(path) = args.config.clone() {
+            tokio::spawn(watch_config(path, args.clone(), proxy.clone()));
+        }
         kvgate_proxy::run(
             listener,
             admin,
@@ -92,19 +105,60 @@ pub(crate) fn main(args: ServeArgs) -> anyhow::Result<()> {
 fn proxy_config(args: &ServeArgs, file: &FileConfig) -> anyhow::Result<ProxyConfig> {
     let mut config = ProxyConfig::default();
     config.merge_file(file)?;
-    config.endpoints.extend(
-        args.endpoints
-            .iter()
-            .map(|url| EndpointConfig { url: url.clone() }),
-    );
+    for flag in &args.endpoints {
+        config.add_endpoint_flag(flag)?;
+    }
     for alias in &args.aliases {
         config.add_alias_flag(alias)?;
     }
+    for flag in &args.tokenizers {
+        let (model, dir) = flag
+            .split_once('=')
+            .ok_or_else(|| anyhow::anyhow!("--tokenizer `{flag}` must be MODEL=DIR"))?;
+        let spec = kvgate_proxy::TokenizerSpec {
+            local: Some(dir.into()),
+            render: None,
+            backends: None,
+            render_timeout_ms: None,
+            render_media_timeout_ms: None,
+        };
+        config.set_tokenizer(model, &spec);
+    }
+    config.default_endpoint_models();
+    config.scores_header = args.scores_header;
     config.retries = args.retries;
     config.upstream_timeout = args.upstream_timeout;
     config.max_body_bytes = args.max_body_bytes;
     config.models_refresh = Some(args.models_refresh).filter(|d| !d.is_zero());
     Ok(config)
+}
+
+/// Reloads endpoints and scheduler plugins when the config file changes (checked every
+/// second by modification time and content). A bad file is logged and ignored; in-flight
+/// requests finish on the endpoints and scheduler they started with.
+async fn watch_config(path: PathBuf, args: Arc<ServeArgs>, proxy: Arc<Proxy>) {
+    let mut last = std::fs::read_to_string(&path).ok();
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        tick.tick().await;
+        let Ok(text) = tokio::fs::read_to_string(&path).await else {
+            continue;
+        };
+        if last.as_deref() == Some(text.as_str()) {
+            continue;
+        }
+        last = Some(text.clone());
+        let result = FileConfig::from_yaml(&text)
+            .map_err(anyhow::Error::from)
+            .and_then(|file| proxy_config(&args, &file))
+            .and_then(|config| Ok(proxy.reload(&config.endpoints, &config.scheduler)?));
+        match result {
+            Ok(()) => tracing::info!(path = %path.display(), "config file reloaded"),
+            Err(e) => {
+                tracing::error!(path = %path.display(), error = %format!("{e:#}"), "config reload rejected; keeping the running config")
+            }
+        }
+    }
 }
 
 fn default_addr(text: &str) -> SocketAddr {
