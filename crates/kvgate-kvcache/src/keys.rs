@@ -9,7 +9,7 @@
 //! ids carried by `BlockStored` events (see [`crate::KvIndex`]), so request-side and event-side
 //! keys agree whatever hash algorithm or seed the engine uses.
 
-use xxhash_rust::xxh3::xxh3_64;
+use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
 
 /// Domain separator of the root key, bumped if the key scheme ever changes.
 const ROOT_DOMAIN: &[u8] = b"kvgate/block-key/v1";
@@ -88,34 +88,38 @@ pub(crate) fn extra_hash(bytes: &[u8]) -> u64 {
     xxh3_64(bytes) ^ EXTRA_MARKER
 }
 
-/// Chains one block: `xxh3(parent ‖ tokens ‖ [marker ‖ extras])`, using `buf` as scratch space
-/// so no allocation happens per block once `buf` has grown.
+/// Chains one block: `xxh3_seeded(tokens as little-endian u32, seed = parent)`, then each
+/// extra folded in as `xxh3_seeded(extra, seed = previous ^ marker)`.
+///
+/// On little-endian targets the token slice is hashed in place (no copy); `buf` is scratch
+/// space for big-endian targets only.
 pub(crate) fn chain_key(
     parent: BlockKey,
     tokens: &[u32],
     extras: &[u64],
     buf: &mut Vec<u8>,
 ) -> BlockKey {
-    let tok_end = 8 + 4 * tokens.len();
-    let len = if extras.is_empty() {
-        tok_end
-    } else {
-        tok_end + 8 + 8 * extras.len()
+    #[cfg(target_endian = "little")]
+    let key = {
+        let _ = buf;
+        xxh3_64_with_seed(bytemuck::cast_slice(tokens), parent.0)
     };
-    buf.resize(len, 0);
-    let (head, rest) = buf.split_at_mut(8);
-    head.copy_from_slice(&parent.0.to_le_bytes());
-    let (tok_bytes, extra_bytes) = rest.split_at_mut(4 * tokens.len());
-    for (dst, t) in tok_bytes.chunks_exact_mut(4).zip(tokens) {
-        dst.copy_from_slice(&t.to_le_bytes());
-    }
+    #[cfg(target_endian = "big")]
+    let key = {
+        buf.clear();
+        for t in tokens {
+            buf.extend_from_slice(&t.to_le_bytes());
+        }
+        xxh3_64_with_seed(buf, parent.0)
+    };
+    let mut key = key;
     if !extras.is_empty() {
-        let mut words = extra_bytes.chunks_exact_mut(8);
-        for (dst, v) in (&mut words).zip(std::iter::once(&EXTRA_MARKER).chain(extras)) {
-            dst.copy_from_slice(&v.to_le_bytes());
+        key ^= EXTRA_MARKER;
+        for extra in extras {
+            key = xxh3_64_with_seed(&extra.to_le_bytes(), key ^ EXTRA_MARKER);
         }
     }
-    BlockKey(xxh3_64(buf))
+    BlockKey(key)
 }
 
 /// Computes the block keys of a text-only prompt.
