@@ -252,6 +252,8 @@ pub struct RunningProxy {
     pub addr: SocketAddr,
     /// Admin address.
     pub admin: SocketAddr,
+    /// The proxy itself (for reloads).
+    pub proxy: Arc<Proxy>,
     _stop: oneshot::Sender<()>,
 }
 
@@ -275,7 +277,7 @@ impl RunningProxy {
         tokio::spawn(crate::run(
             listener,
             admin,
-            proxy,
+            proxy.clone(),
             Arc::new(registry),
             async move {
                 let _ = stopped.await;
@@ -284,6 +286,7 @@ impl RunningProxy {
         RunningProxy {
             addr,
             admin: admin_addr,
+            proxy,
             _stop: stop,
         }
     }

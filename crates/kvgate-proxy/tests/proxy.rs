@@ -539,3 +539,49 @@ async fn admin_health_ready_metrics() {
         StatusCode::SERVICE_UNAVAILABLE
     );
 }
+
+#[tokio::test]
+async fn reload_swaps_endpoints_without_dropping_in_flight_streams() {
+    let events = (0..5).map(|i| format!(r#"{{"n":{i}}}"#)).collect();
+    let mut old = Spy::start(Behavior::Sse {
+        events,
+        gap: Duration::from_millis(100),
+    })
+    .await;
+    let mut new = Spy::start(Behavior::Json(r#"{"ok":true}"#.into())).await;
+    let proxy = RunningProxy::start(config(&[old.url()])).await;
+    let req = http::Request::post(format!("{}/v1/chat/completions", proxy.url()))
+        .body(Full::new(Bytes::from(r#"{"model":"m","stream":true}"#)))
+        .unwrap();
+    let resp = client().request(req).await.unwrap();
+    let mut body = resp.into_body();
+    body.frame().await.unwrap().unwrap();
+    old.next_request().await;
+
+    // Reload mid-stream: the old endpoint leaves the set, a new one joins.
+    let scheduler = kvgate_proxy::ProxyConfig::default().scheduler;
+    proxy
+        .proxy
+        .reload(&[EndpointConfig::new(new.url())], &scheduler)
+        .unwrap();
+
+    let rest = body.collect().await.unwrap().to_bytes();
+    let rest = String::from_utf8(rest.to_vec()).unwrap();
+    assert!(
+        rest.ends_with("data: [DONE]\n\n"),
+        "in-flight stream was cut: {rest}"
+    );
+    assert_eq!(old.next_event().await, SpyEvent::StreamFinished);
+
+    let (status, headers, _) = post_chat(&proxy, r#"{"model":"m"}"#).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(headers["x-kvgate-endpoint"], new.addr.to_string().as_str());
+    new.next_request().await;
+    // A bad reload changes nothing.
+    let bad = proxy
+        .proxy
+        .reload(&[EndpointConfig::new("not a url")], &scheduler);
+    assert!(bad.is_err());
+    let (_, headers, _) = post_chat(&proxy, r#"{"model":"m"}"#).await;
+    assert_eq!(headers["x-kvgate-endpoint"], new.addr.to_string().as_str());
+}
