@@ -114,6 +114,7 @@ pub(crate) const REGISTRY: &[Registration] = &[
     scorers::no_hit_lru_scorer::REGISTRATION,
     pickers::max_score_picker::REGISTRATION,
     pickers::random_picker::REGISTRATION,
+    pickers::round_robin_picker::REGISTRATION,
     pickers::weighted_random_picker::REGISTRATION,
     profile_handlers::single_profile_handler::REGISTRATION,
     profile_handlers::pd_profile_handler::REGISTRATION,
