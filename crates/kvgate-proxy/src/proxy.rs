@@ -13,11 +13,10 @@ use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 use hyper_util::client::legacy::{Client, connect::HttpConnector};
 use kvgate_kvcache::{IndexConfig, KvIndex, KvMetrics};
-use kvgate_request::{Api, Request, SealedRequest, SseModelRewriter};
+use kvgate_request::{Api, Request, SealedRequest};
 use kvgate_schedule::{
     CycleState, EndpointConfig, EndpointRegistry, EndpointState, InFlightGuard, RegistryHandles,
-    RequestFacts, SCORES_HEADER, ScheduleError, ScheduleMetrics, Scheduler, SchedulerConfig,
-    SchedulerHandles,
+    RequestFacts, ScheduleError, ScheduleMetrics, Scheduler, SchedulerConfig, SchedulerHandles,
 };
 use kvgate_tokenize::{TokenizeError, TokenizeService};
 use prometheus_client::registry::Registry;
@@ -25,7 +24,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::{
-    body::{ProxyBody, Realized, RequestGuard, StreamBody, Tracker, UsageWatch, full},
+    body::{ProxyBody, RequestGuard, full},
     config::{ConfigError, ProxyConfig},
     error::ProxyError,
     metrics::{ApiLabels, EndpointLabels, ErrorLabels, ProxyMetrics},
@@ -54,6 +53,10 @@ const HOP_BY_HOP: [&str; 8] = [
     "trailer",
     "upgrade",
 ];
+
+mod respond;
+
+use self::respond::{json_response, upstream_headers};
 
 /// The proxy: endpoint registry, scheduler, tokenizer, upstream client and metrics. Shared by
 /// every connection.
@@ -486,137 +489,5 @@ impl Proxy {
                 .inc();
             tracing::debug!(endpoint = %ep.name(), ejected_ms = period.as_millis() as u64, "endpoint ejected");
         }
-    }
-
-    /// Turns the engine's response into the client's, restoring an aliased model name and
-    /// watching for `usage` to compare predicted with realized cache hits.
-    async fn respond(
-        &self,
-        sent: Sent,
-        sealed: &SealedRequest,
-        mut guard: RequestGuard,
-    ) -> Result<Response<ProxyBody>, (ProxyError, RequestGuard)> {
-        let Sent {
-            response,
-            endpoint: ep,
-            guards,
-            predicted,
-            scores,
-        } = sent;
-        let (mut parts, body) = response.into_parts();
-        strip_hop_by_hop(&mut parts.headers);
-        // kvgate frames the body itself (chunked or content-length, h1 or h2).
-        parts.headers.remove(header::TRANSFER_ENCODING);
-        if let Ok(v) = HeaderValue::from_str(ep.name()) {
-            parts.headers.insert(SERVED_BY, v);
-        }
-        if let Some(v) = scores.and_then(|s| HeaderValue::from_str(&s).ok()) {
-            parts.headers.insert(SCORES_HEADER, v);
-            parts
-                .headers
-                .insert(PREDICTED_HEADER, HeaderValue::from(predicted.unwrap_or(0)));
-        }
-        guard.set_outcome(parts.status.as_u16(), Some(ep.name().to_owned()));
-        let alias = match (sealed.requested_model(), sealed.model()) {
-            (Some(asked), Some(sent)) if asked != sent => Some(asked.to_owned()),
-            _ => None,
-        };
-        let content_type = parts
-            .headers
-            .get(header::CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or("");
-        let is_sse = content_type.starts_with("text/event-stream");
-        let is_json = content_type.starts_with("application/json");
-        let realized = parts.status.is_success().then(|| Realized {
-            registry: self.registry.clone(),
-            endpoint: ep.clone(),
-            predicted: predicted.unwrap_or(0),
-        });
-        let tracker = Tracker {
-            guards,
-            realized,
-            usage: if is_sse {
-                UsageWatch::sse()
-            } else if is_json {
-                UsageWatch::json()
-            } else {
-                UsageWatch::None
-            },
-        };
-        match alias {
-            Some(asked) if is_json => {
-                let collected = Limited::new(body, MAX_REWRITE_BODY).collect().await;
-                let bytes = match collected {
-                    Ok(c) => c.to_bytes(),
-                    Err(e) => {
-                        let err = ProxyError::UpstreamBody {
-                            endpoint: ep.name().to_owned(),
-                            reason: e.to_string(),
-                        };
-                        return Err((err, guard));
-                    }
-                };
-                tracker.finish_with(&bytes);
-                let bytes =
-                    kvgate_request::rewrite_model_json(&bytes, &asked).map_or(bytes, Bytes::from);
-                parts
-                    .headers
-                    .insert(header::CONTENT_LENGTH, HeaderValue::from(bytes.len()));
-                guard.complete();
-                Ok(Response::from_parts(parts, full(bytes)))
-            }
-            Some(asked) if is_sse => {
-                parts.headers.remove(header::CONTENT_LENGTH);
-                let body =
-                    StreamBody::new(body, Some(SseModelRewriter::new(asked)), guard, tracker);
-                Ok(Response::from_parts(parts, body.boxed()))
-            }
-            _ => Ok(Response::from_parts(
-                parts,
-                StreamBody::new(body, None, guard, tracker).boxed(),
-            )),
-        }
-    }
-}
-
-fn json_response(status: StatusCode, body: Bytes) -> Response<ProxyBody> {
-    let mut resp = Response::new(full(body));
-    *resp.status_mut() = status;
-    resp.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
-    resp
-}
-
-/// The client's headers minus hop-by-hop ones, `host` and `content-length` (set per attempt),
-/// with the request id.
-fn upstream_headers(client: &HeaderMap, request_id: &str) -> HeaderMap {
-    let mut headers = client.clone();
-    strip_hop_by_hop(&mut headers);
-    headers.remove(header::HOST);
-    headers.remove(header::CONTENT_LENGTH);
-    headers.remove(header::TRANSFER_ENCODING);
-    if let Ok(v) = HeaderValue::from_str(request_id) {
-        headers.insert(REQUEST_ID, v);
-    }
-    headers
-}
-
-fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    // Headers named in `Connection` are hop-by-hop too.
-    let named: Vec<String> = headers
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(',').map(|s| s.trim().to_ascii_lowercase()))
-        .collect();
-    for name in HOP_BY_HOP
-        .iter()
-        .copied()
-        .chain(named.iter().map(String::as_str))
-    {
-        headers.remove(name);
     }
 }
