@@ -4,6 +4,8 @@ use rmpv::ValueRef as Value;
 
 use crate::event::{BlockHash, BlockRemoved, BlockStored, ExtraKey, KvEvent, KvEventBatch};
 
+mod fast;
+
 /// Deepest nesting a valid batch needs is 6 (batch → events → event → extra_keys → entry →
 /// `[id, offset]`); anything much deeper is garbage, and a low bound keeps recursion cheap.
 const MAX_DEPTH: usize = 16;
@@ -40,6 +42,14 @@ pub struct DecodeStats {
 /// [`DecodeError`] when the payload is not a batch at all; single malformed or unknown events
 /// are skipped and counted in the returned [`DecodeStats`] instead.
 pub fn decode_batch(payload: &[u8]) -> Result<(KvEventBatch, DecodeStats), DecodeError> {
+    match fast::decode_batch_fast(payload) {
+        Some(out) => Ok(out),
+        None => decode_batch_tree(payload),
+    }
+}
+
+/// The full-tree decoder: reference semantics, used for every shape the fast path declines.
+fn decode_batch_tree(payload: &[u8]) -> Result<(KvEventBatch, DecodeStats), DecodeError> {
     let mut rd = payload;
     let value = rmpv::decode::read_value_ref_with_max_depth(&mut rd, MAX_DEPTH)
         .map_err(DecodeError::Msgpack)?;
