@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Live token-parity check against a REAL vLLM 0.33 render server.
-#  1. runs /work/shared/tools/vllm-render/setup.sh (idempotent; SKIPPED if it cannot download)
+#  1. runs ../shared/tools/vllm-render/setup.sh (idempotent; SKIPPED if it cannot download)
 #  2. starts serve.sh in the background on $PORT (default 8765), waits for /health
 #  3. (a) `kvgate parity` over testdata/parity against the live server: zero divergences
 #     (b) `cargo test -p kvgate-tokenize --test render_live -- --ignored` with KVGATE_RENDER_URL

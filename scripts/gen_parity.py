@@ -11,7 +11,7 @@ bytes unchanged to {URL}/v1/chat/completions/render, /v1/completions/render or
      "body": "<request body text, byte for byte what was sent>",
      "token_ids": [[...], ...]}        # one list per prompt (exactly one for chat/messages)
 
-Usage (server from /work/shared/tools/vllm-render/serve.sh, served model name "qwen3"):
+Usage (server from ../shared/tools/vllm-render/serve.sh, served model name "qwen3"):
     python3 scripts/gen_parity.py [--url http://127.0.0.1:8765] [--out testdata/parity]
 Stdlib only. Cases whose render fails abort the run (fix the case, do not commit a hole).
 """
