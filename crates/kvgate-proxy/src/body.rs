@@ -240,6 +240,30 @@ impl StreamBody {
     }
 }
 
+impl StreamBody {
+    /// The engine's body ended: report the realized hit, release the load, count success.
+    fn finish(&mut self) {
+        self.done = true;
+        if let Some(tracker) = self.tracker.take() {
+            tracker.finish();
+        }
+        self.guard.complete();
+    }
+}
+
+fn join(a: Bytes, b: Bytes) -> Bytes {
+    if a.is_empty() {
+        return b;
+    }
+    if b.is_empty() {
+        return a;
+    }
+    let mut out = Vec::with_capacity(a.len() + b.len());
+    out.extend_from_slice(&a);
+    out.extend_from_slice(&b);
+    Bytes::from(out)
+}
+
 impl Body for StreamBody {
     type Data = Bytes;
     type Error = BoxError;
@@ -259,17 +283,27 @@ impl Body for StreamBody {
                     if let (Some(tracker), Some(data)) = (this.tracker.as_mut(), frame.data_ref()) {
                         tracker.usage.observe(data);
                     }
-                    let Some(rewriter) = this.rewriter.as_mut() else {
-                        return Poll::Ready(Some(Ok(frame)));
-                    };
-                    match frame.into_data() {
-                        Ok(data) => {
-                            let out = rewriter.push(&data);
-                            if !out.is_empty() {
-                                return Poll::Ready(Some(Ok(Frame::data(out))));
+                    // A body with a known length may never be polled to `None`: the server
+                    // stops once it has written that many bytes. Finish on the last frame.
+                    let last = this.inner.is_end_stream();
+                    let out = match (this.rewriter.as_mut(), frame.into_data()) {
+                        (None, Ok(data)) => Some(Frame::data(data)),
+                        (_, Err(frame)) => Some(frame),
+                        (Some(rewriter), Ok(data)) => {
+                            let mut out = rewriter.push(&data);
+                            if last {
+                                out = join(out, rewriter.finish());
                             }
+                            (!out.is_empty()).then(|| Frame::data(out))
                         }
-                        Err(frame) => return Poll::Ready(Some(Ok(frame))),
+                    };
+                    if last {
+                        this.finish();
+                    }
+                    match out {
+                        Some(frame) => return Poll::Ready(Some(Ok(frame))),
+                        None if this.done => return Poll::Ready(None),
+                        None => continue,
                     }
                 }
                 Poll::Ready(Some(Err(e))) => {
@@ -279,12 +313,8 @@ impl Body for StreamBody {
                     return Poll::Ready(Some(Err(Box::new(e))));
                 }
                 Poll::Ready(None) => {
-                    this.done = true;
-                    if let Some(tracker) = this.tracker.take() {
-                        tracker.finish();
-                    }
-                    this.guard.complete();
                     let rest = this.rewriter.as_mut().map(SseModelRewriter::finish);
+                    this.finish();
                     return Poll::Ready(rest.filter(|b| !b.is_empty()).map(|b| Ok(Frame::data(b))));
                 }
             }

@@ -265,8 +265,7 @@ impl RunningProxy {
     #[allow(clippy::expect_used)]
     pub async fn start(config: ProxyConfig) -> RunningProxy {
         let mut registry = Registry::default();
-        let proxy =
-            Proxy::new(config, registry.sub_registry_with_prefix("kvgate")).expect("proxy config");
+        let proxy = Proxy::new(config, &mut registry).expect("proxy config");
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind proxy");
         let admin = TcpListener::bind("127.0.0.1:0").await.expect("bind admin");
         let (addr, admin_addr) = (

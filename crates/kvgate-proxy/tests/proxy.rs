@@ -309,13 +309,30 @@ async fn reset_before_response_is_retried() {
     let mut reset = Spy::start(Behavior::Reset).await;
     let mut spy = Spy::start(Behavior::Json("{}".into())).await;
     let proxy = RunningProxy::start(config(&[reset.url(), spy.url()])).await;
-    for _ in 0..2 {
-        let (status, _, _) = post_chat(&proxy, r#"{"model":"m"}"#).await;
+    // Ties between the two idle endpoints break at random: send until one request reached the
+    // resetting engine first; every request must still succeed.
+    let mut sent = 0;
+    loop {
+        let (status, headers, _) = post_chat(&proxy, r#"{"model":"m"}"#).await;
         assert_eq!(status, StatusCode::OK);
+        assert_eq!(headers["x-kvgate-endpoint"], spy.addr.to_string().as_str());
         spy.next_request().await;
+        sent += 1;
+        if let Ok(got) = reset.requests.try_recv() {
+            assert_eq!(got.body, br#"{"model":"m"}"#);
+            break;
+        }
+        assert!(
+            sent < 40,
+            "no request ever reached the resetting engine first"
+        );
     }
-    // The resetting engine did receive the request once before being ejected.
-    assert_eq!(reset.next_request().await.body, br#"{"model":"m"}"#);
+    let m = metrics(&proxy).await;
+    let retried = format!(
+        "kvgate_upstream_retries_total{{endpoint=\"{}\"}} 1",
+        reset.addr
+    );
+    assert!(m.contains(&retried), "{m}");
 }
 
 #[tokio::test]
@@ -524,6 +541,8 @@ async fn admin_health_ready_metrics() {
         "{m}"
     );
     assert!(m.contains("kvgate_requests_in_flight 0"), "{m}");
+    // A fully delivered content-length body is not counted as aborted.
+    assert!(!m.contains("kvgate_responses_aborted_total{"), "{m}");
 
     let down = RunningProxy::start(config(&[format!("http://{}", dead_addr())])).await;
     post_chat(&down, r#"{"model":"m"}"#).await;
