@@ -322,7 +322,14 @@ impl Proxy {
         match self.tokenizer.tokenize(sealed).await {
             Ok(t) => {
                 let exact = t.exact;
-                Ok(facts.with_tokens(t.token_ids().to_vec(), exact, Vec::new()))
+                // Move the first prompt's ids out rather than copying them.
+                let ids = t
+                    .prompts
+                    .into_iter()
+                    .next()
+                    .map(|p| p.token_ids)
+                    .unwrap_or_default();
+                Ok(facts.with_tokens(ids, exact, Vec::new()))
             }
             Err(TokenizeError::QueueFull) => Err(ProxyError::Overloaded("tokenizer queue full")),
             // Every fallback was logged and counted by the chain; route on load alone.

@@ -166,21 +166,10 @@ fn parse_arguments(args: Option<&Value>) -> Value {
 fn normalize_tool_calls(calls: &[Value]) -> Result<Vec<Value>, Rejection> {
     let mut out = Vec::with_capacity(calls.len());
     for call in calls {
+        let func = function_of(call, "tool call")?;
         let obj = call
             .as_object()
-            .ok_or_else(|| invalid("tool_calls entry is not an object"))?;
-        if obj
-            .get("type")
-            .and_then(Value::as_str)
-            .unwrap_or("function")
-            != "function"
-        {
-            return Err(invalid("tool call type is not function"));
-        }
-        let func = obj
-            .get("function")
-            .and_then(Value::as_object)
-            .ok_or_else(|| invalid("tool call without function"))?;
+            .ok_or_else(|| invalid("tool call is not an object"))?;
         let mut f = Map::new();
         f.insert(
             "name".into(),
@@ -275,23 +264,30 @@ fn normalize_message(msg: &Value) -> Result<Value, Rejection> {
     Ok(Value::Object(out))
 }
 
-/// `ChatCompletionToolsParam.model_dump()` (also used for converted Anthropic tools).
-pub(crate) fn dump_tool(tool: &Value) -> Result<Value, Rejection> {
-    let obj = tool
+/// The `function` object of a tool or tool call whose `type` is `function` (the default).
+fn function_of<'a>(entry: &'a Value, what: &str) -> Result<&'a Map<String, Value>, Rejection> {
+    let obj = entry
         .as_object()
-        .ok_or_else(|| invalid("tool is not an object"))?;
+        .ok_or_else(|| invalid(format!("{what} is not an object")))?;
     if obj
         .get("type")
         .and_then(Value::as_str)
         .unwrap_or("function")
         != "function"
     {
-        return Err(invalid("tool type is not function"));
+        return Err(invalid(format!("{what} type is not function")));
     }
-    let func = obj
-        .get("function")
+    obj.get("function")
         .and_then(Value::as_object)
-        .ok_or_else(|| invalid("tool without function"))?;
+        .ok_or_else(|| invalid(format!("{what} without function")))
+}
+
+/// `ChatCompletionToolsParam.model_dump()` (also used for converted Anthropic tools).
+pub(crate) fn dump_tool(tool: &Value) -> Result<Value, Rejection> {
+    let obj = tool
+        .as_object()
+        .ok_or_else(|| invalid("tool is not an object"))?;
+    let func = function_of(tool, "tool")?;
     let name = match func.get("name") {
         Some(Value::String(s)) => s.clone(),
         _ => return Err(invalid("tool function name is not a string")),
