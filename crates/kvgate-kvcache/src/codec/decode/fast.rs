@@ -110,32 +110,20 @@ fn event(rd: &mut Rd<'_>, stats: &mut DecodeStats) -> Option<Option<KvEvent>> {
         let tag = generic(rd, FIELD_DEPTH)?;
         let tag = vstr(&tag)?;
         match tag {
-            "BlockStored" => {
-                let mut s = BlockStored::default();
-                for pos in 1..len {
-                    match STORED_FIELDS.get(pos) {
-                        Some(name) => stored_field(rd, &mut s, name)?,
-                        None => {
-                            generic(rd, FIELD_DEPTH)?;
-                            stats.unknown_fields += 1;
-                        }
-                    }
-                }
-                Some(Some(KvEvent::BlockStored(s)))
-            }
-            "BlockRemoved" => {
-                let mut r = BlockRemoved::default();
-                for pos in 1..len {
-                    match REMOVED_FIELDS.get(pos) {
-                        Some(name) => removed_field(rd, &mut r, name)?,
-                        None => {
-                            generic(rd, FIELD_DEPTH)?;
-                            stats.unknown_fields += 1;
-                        }
-                    }
-                }
-                Some(Some(KvEvent::BlockRemoved(r)))
-            }
+            "BlockStored" => Some(Some(KvEvent::BlockStored(array_fields(
+                rd,
+                len,
+                &STORED_FIELDS,
+                stats,
+                stored_field,
+            )?))),
+            "BlockRemoved" => Some(Some(KvEvent::BlockRemoved(array_fields(
+                rd,
+                len,
+                &REMOVED_FIELDS,
+                stats,
+                removed_field,
+            )?))),
             "AllBlocksCleared" => {
                 skip(rd, len - 1)?;
                 stats.unknown_fields += u32::try_from(len - 1).ok()?;
@@ -158,49 +146,20 @@ fn event(rd: &mut Rd<'_>, stats: &mut DecodeStats) -> Option<Option<KvEvent>> {
         let tag = generic(rd, FIELD_DEPTH)?;
         let tag = vstr(&tag)?;
         match tag {
-            "BlockStored" => {
-                let mut s = BlockStored::default();
-                for _ in 1..len {
-                    let k = generic(rd, FIELD_DEPTH)?;
-                    match vstr(&k) {
-                        Some("type") => {
-                            generic(rd, FIELD_DEPTH)?;
-                        }
-                        Some(name)
-                            if STORED_FIELDS.contains(&name) || STORED_MAP_ONLY.contains(&name) =>
-                        {
-                            stored_field(rd, &mut s, name)?
-                        }
-                        _ => {
-                            generic(rd, FIELD_DEPTH)?;
-                            stats.unknown_fields += 1;
-                        }
-                    }
-                }
-                Some(Some(KvEvent::BlockStored(s)))
-            }
-            "BlockRemoved" => {
-                let mut r = BlockRemoved::default();
-                for _ in 1..len {
-                    let k = generic(rd, FIELD_DEPTH)?;
-                    match vstr(&k) {
-                        Some("type") => {
-                            generic(rd, FIELD_DEPTH)?;
-                        }
-                        Some(name)
-                            if REMOVED_FIELDS.contains(&name)
-                                || REMOVED_MAP_ONLY.contains(&name) =>
-                        {
-                            removed_field(rd, &mut r, name)?
-                        }
-                        _ => {
-                            generic(rd, FIELD_DEPTH)?;
-                            stats.unknown_fields += 1;
-                        }
-                    }
-                }
-                Some(Some(KvEvent::BlockRemoved(r)))
-            }
+            "BlockStored" => Some(Some(KvEvent::BlockStored(map_fields(
+                rd,
+                len,
+                &[&STORED_FIELDS, &STORED_MAP_ONLY],
+                stats,
+                stored_field,
+            )?))),
+            "BlockRemoved" => Some(Some(KvEvent::BlockRemoved(map_fields(
+                rd,
+                len,
+                &[&REMOVED_FIELDS, &REMOVED_MAP_ONLY],
+                stats,
+                removed_field,
+            )?))),
             "AllBlocksCleared" => {
                 skip(rd, 2 * (len - 1))?;
                 stats.unknown_fields += u32::try_from(len - 1).ok()?;
@@ -214,6 +173,58 @@ fn event(rd: &mut Rd<'_>, stats: &mut DecodeStats) -> Option<Option<KvEvent>> {
     } else {
         None
     }
+}
+
+/// The positional fields after the tag of an array-encoded event; extra positions are
+/// skipped and counted.
+#[inline]
+fn array_fields<T: Default>(
+    rd: &mut Rd<'_>,
+    len: usize,
+    names: &[&str],
+    stats: &mut DecodeStats,
+    field: impl Fn(&mut Rd<'_>, &mut T, &str) -> Option<()>,
+) -> Option<T> {
+    let mut t = T::default();
+    for pos in 1..len {
+        match names.get(pos) {
+            Some(name) => field(rd, &mut t, name)?,
+            None => {
+                generic(rd, FIELD_DEPTH)?;
+                stats.unknown_fields += 1;
+            }
+        }
+    }
+    Some(t)
+}
+
+/// The remaining key/value pairs of a map-encoded event (after its `type`); keys outside
+/// `known` are skipped and counted.
+#[inline]
+fn map_fields<T: Default>(
+    rd: &mut Rd<'_>,
+    len: usize,
+    known: &[&[&str]],
+    stats: &mut DecodeStats,
+    field: impl Fn(&mut Rd<'_>, &mut T, &str) -> Option<()>,
+) -> Option<T> {
+    let mut t = T::default();
+    for _ in 1..len {
+        let k = generic(rd, FIELD_DEPTH)?;
+        match vstr(&k) {
+            Some("type") => {
+                generic(rd, FIELD_DEPTH)?;
+            }
+            Some(name) if known.iter().any(|names| names.contains(&name)) => {
+                field(rd, &mut t, name)?
+            }
+            _ => {
+                generic(rd, FIELD_DEPTH)?;
+                stats.unknown_fields += 1;
+            }
+        }
+    }
+    Some(t)
 }
 
 fn stored_field(rd: &mut Rd<'_>, s: &mut BlockStored, name: &str) -> Option<()> {
