@@ -1,5 +1,6 @@
 //! Server-sent events exactly like vLLM's streams: `data: <chunk json>\n\n` per chunk, a
-//! role chunk first (chat), one chunk per token, `finish_reason` on the last content chunk,
+//! role chunk first (chat; like vLLM, sent when the engine's first output for that choice
+//! arrives, i.e. after prefill), one chunk per token, `finish_reason` on the last content chunk,
 //! an optional usage chunk (`stream_options.include_usage`), then `data: [DONE]\n\n`.
 //! A failure mid-stream sends vLLM's error body as one event before `[DONE]`.
 
@@ -24,6 +25,8 @@ struct SseState {
     merged: SelectAll<BoxStream<'static, (usize, EngineOutput)>>,
     /// A token held back until we know whether it is the last of its choice.
     held: Vec<Option<u32>>,
+    /// Per choice: the chat role chunk is still owed (sent before its first output).
+    role_owed: Vec<bool>,
     infos: Vec<Option<FinishInfo>>,
     include_usage: bool,
     pending: VecDeque<Bytes>,
@@ -41,6 +44,13 @@ fn frame(v: &serde_json::Value) -> Bytes {
 
 impl SseState {
     fn on_output(&mut self, i: usize, out: EngineOutput) {
+        if let Some(owed) = self.role_owed.get_mut(i)
+            && std::mem::take(owed)
+            && !matches!(out, EngineOutput::Failed(_))
+        {
+            let c = self.ids.chunk(i, "", true, None);
+            self.pending.push_back(frame(&c));
+        }
         match out {
             EngineOutput::Token(t) => {
                 if let Some(prev) = self.held[i].replace(t) {
@@ -89,20 +99,16 @@ pub(crate) fn stream_response(
             .boxed();
         merged.push(s);
     }
-    let mut pending = VecDeque::new();
-    if ids.family == Family::Chat {
-        for i in 0..n {
-            pending.push_back(frame(&ids.chunk(i, "", true, None)));
-        }
-    }
+    let role_owed = vec![ids.family == Family::Chat; n];
     let state = SseState {
         ids,
         vocab,
         merged,
         held: vec![None; n],
+        role_owed,
         infos: vec![None; n],
         include_usage,
-        pending,
+        pending: VecDeque::new(),
         done: false,
         _guard: guard,
     };
