@@ -14,6 +14,8 @@ use hyper::body::Incoming;
 use kvgate_request::{Api, SseModelRewriter, SseUsageObserver, Usage, usage_from_json};
 use kvgate_schedule::{EndpointRegistry, EndpointState, InFlightGuard};
 
+use crate::decision_log::LogEntry;
+
 use crate::metrics::{ApiLabels, ProxyMetrics, RequestLabels};
 
 /// Boxed error type of response bodies.
@@ -189,20 +191,34 @@ pub struct Tracker {
     pub realized: Option<Realized>,
     /// How the body is watched for `usage`.
     pub usage: UsageWatch,
+    /// The decision log line, written when the tracker is dropped.
+    pub log: Option<LogEntry>,
 }
 
 impl Tracker {
+    /// The engine sent response body bytes: its prefill is done, so the endpoint's pending
+    /// prefill load moves to decoding (see [`InFlightGuard::prefill_done`]).
+    pub fn first_byte(&mut self) {
+        for g in &mut self.guards {
+            g.prefill_done();
+        }
+        if let Some(log) = &mut self.log {
+            log.first_byte();
+        }
+    }
+
     /// Reports the realized hit read from a complete body, then releases the load.
     pub fn finish_with(mut self, body: &[u8]) {
         self.usage.observe(body);
         self.finish();
     }
 
-    fn finish(self) {
-        let Some(realized) = self.realized else {
-            return;
-        };
-        if let Some(cached) = self.usage.usage().and_then(|u| u.cached_tokens) {
+    fn finish(mut self) {
+        let cached = self.usage.usage().and_then(|u| u.cached_tokens);
+        if let Some(log) = &mut self.log {
+            log.completed(cached);
+        }
+        if let (Some(realized), Some(cached)) = (&self.realized, cached) {
             realized
                 .registry
                 .record_realized(&realized.endpoint, realized.predicted, cached);
@@ -281,6 +297,7 @@ impl Body for StreamBody {
                 Poll::Pending => return Poll::Pending,
                 Poll::Ready(Some(Ok(frame))) => {
                     if let (Some(tracker), Some(data)) = (this.tracker.as_mut(), frame.data_ref()) {
+                        tracker.first_byte();
                         tracker.usage.observe(data);
                     }
                     // A body with a known length may never be polled to `None`: the server

@@ -117,6 +117,9 @@ pub enum ConfigError {
     /// A tokenizer could not be built.
     #[error(transparent)]
     Tokenizer(#[from] kvgate_tokenize::BuildError),
+    /// The decision log file could not be created.
+    #[error("decision log {0}")]
+    DecisionLog(String),
     /// An `--endpoint` flag is malformed.
     #[error("endpoint flag `{flag}`: {reason}")]
     BadEndpointFlag {
@@ -178,6 +181,8 @@ pub struct ProxyConfig {
     pub scheduler: SchedulerConfig,
     /// Whether responses carry `x-kvgate-scores` with every candidate's scores.
     pub scores_header: bool,
+    /// Where to write the JSONL decision log (`None`: off).
+    pub decision_log: Option<std::path::PathBuf>,
 }
 
 impl Default for ProxyConfig {
@@ -194,6 +199,7 @@ impl Default for ProxyConfig {
             engines: RegistryConfig::default(),
             scheduler: SchedulerConfig::default(),
             scores_header: false,
+            decision_log: None,
         }
     }
 }

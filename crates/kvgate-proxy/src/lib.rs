@@ -14,6 +14,7 @@
 
 pub mod body;
 pub mod config;
+pub mod decision_log;
 pub mod error;
 pub mod metrics;
 mod models;
@@ -22,7 +23,7 @@ pub mod server;
 #[cfg(any(test, feature = "test-util"))]
 pub mod test_util;
 
-pub use kvgate_schedule::EndpointConfig;
+pub use kvgate_schedule::{EndpointConfig, SchedulerConfig};
 
 pub use self::{
     body::ProxyBody,

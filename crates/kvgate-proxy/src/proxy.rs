@@ -26,6 +26,7 @@ use tracing::Instrument;
 use crate::{
     body::{ProxyBody, RequestGuard, full},
     config::{ConfigError, ProxyConfig},
+    decision_log::{DecisionLog, LogEntry},
     error::ProxyError,
     metrics::{ApiLabels, EndpointLabels, ErrorLabels, ProxyMetrics},
 };
@@ -71,6 +72,7 @@ pub struct Proxy {
     metrics: ProxyMetrics,
     /// Each endpoint's `/v1/models` objects, by endpoint name.
     pub(crate) model_objects: Mutex<HashMap<String, Arc<Vec<serde_json::Value>>>>,
+    decision_log: Option<DecisionLog>,
     cancel: CancellationToken,
 }
 
@@ -89,6 +91,7 @@ struct Sent {
     guards: Vec<InFlightGuard>,
     predicted: Option<u64>,
     scores: Option<String>,
+    log: Option<LogEntry>,
 }
 
 impl Proxy {
@@ -122,6 +125,13 @@ impl Proxy {
             precise: endpoints.has_kv_events(),
         };
         let scheduler = Scheduler::from_config(&config.scheduler, &handles)?;
+        let decision_log = match &config.decision_log {
+            Some(path) => Some(
+                DecisionLog::open(path, registry)
+                    .map_err(|e| ConfigError::DecisionLog(format!("{}: {e}", path.display())))?,
+            ),
+            None => None,
+        };
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
         connector.set_connect_timeout(Some(std::time::Duration::from_secs(5)));
@@ -138,6 +148,7 @@ impl Proxy {
             client,
             metrics,
             model_objects: Mutex::default(),
+            decision_log,
             cancel,
         }))
     }
@@ -391,6 +402,15 @@ impl Proxy {
                 }
             };
             let guards = decision.take_guards();
+            let predicted = decision.predicted_cached_tokens();
+            let mut log = self.decision_log.as_ref().map(|l| {
+                l.entry(
+                    decision.to_view(),
+                    sealed.model(),
+                    facts.prompt_tokens,
+                    predicted,
+                )
+            });
             let ep = decision.endpoint().clone();
             tried.push(ep.name().to_owned());
             let mut headers = headers.clone();
@@ -407,12 +427,16 @@ impl Proxy {
                         response,
                         endpoint: ep,
                         guards,
-                        predicted: decision.predicted_cached_tokens(),
+                        predicted,
                         scores,
+                        log,
                     });
                 }
                 Err(AttemptError::Fatal(e)) => return Err(e),
                 Err(AttemptError::Retryable(reason)) => {
+                    if let Some(log) = &mut log {
+                        log.retried();
+                    }
                     tracing::warn!(endpoint = %ep.name(), error = %reason, "upstream attempt failed before any byte");
                     self.metrics
                         .retries

@@ -120,6 +120,26 @@ pub struct SchedulerConfig {
     pub scheduling: SchedulingSpec,
 }
 
+fn prefix_scorer(precise: bool) -> &'static str {
+    if precise {
+        "precise-prefix-cache-scorer"
+    } else {
+        "approx-prefix-cache-scorer"
+    }
+}
+
+/// One profile `default` of these plugins (type names; scorers with their weight).
+fn profile(plugins: &[(&str, Option<f64>)]) -> SchedulerConfig {
+    SchedulerConfig {
+        plugins: plugins.iter().map(|(t, _)| PluginSpec::new(t)).collect(),
+        profiles: vec![ProfileSpec {
+            name: unlocated("default".to_owned()),
+            plugins: plugins.iter().map(|(t, w)| PluginRef::new(t, *w)).collect(),
+        }],
+        scheduling: SchedulingSpec::default(),
+    }
+}
+
 pub(crate) fn unlocated<T>(value: T) -> Spanned<T> {
     Spanned::new(value, Location::UNKNOWN, Location::UNKNOWN)
 }
@@ -140,34 +160,44 @@ impl SchedulerConfig {
             && self.scheduling.profile_handler.is_none()
     }
 
-    /// The default profile: `model-filter`, the prefix scorer ×3 (precise when `precise`, else
-    /// approximate), `queue-scorer` ×2, `kv-cache-utilization-scorer` ×2, `max-score-picker`.
+    /// The default profile, [`SchedulerConfig::cost_profile`].
     pub fn default_profile(precise: bool) -> SchedulerConfig {
-        let prefix = if precise {
-            "precise-prefix-cache-scorer"
-        } else {
-            "approx-prefix-cache-scorer"
-        };
-        let plugins = [
-            "model-filter",
-            prefix,
-            "queue-scorer",
-            "kv-cache-utilization-scorer",
-            "max-score-picker",
-        ];
-        SchedulerConfig {
-            plugins: plugins.iter().map(|t| PluginSpec::new(t)).collect(),
-            profiles: vec![ProfileSpec {
-                name: unlocated("default".to_owned()),
-                plugins: vec![
-                    PluginRef::new("model-filter", None),
-                    PluginRef::new(prefix, Some(3.0)),
-                    PluginRef::new("queue-scorer", Some(2.0)),
-                    PluginRef::new("kv-cache-utilization-scorer", Some(2.0)),
-                    PluginRef::new("max-score-picker", None),
-                ],
-            }],
-            scheduling: SchedulingSpec::default(),
+        SchedulerConfig::cost_profile(precise)
+    }
+
+    /// The cost profile: `model-filter`, the prefix scorer with weight 0 (precise when
+    /// `precise`, else approximate: it records the predicted cached tokens and its speculative
+    /// or routing entries), `prefill-cost-scorer` ×1 (queued + uncached prefill tokens),
+    /// `max-score-picker` (ties: fewest decode tokens, then least recently picked).
+    pub fn cost_profile(precise: bool) -> SchedulerConfig {
+        let prefix = prefix_scorer(precise);
+        profile(&[
+            ("model-filter", None),
+            (prefix, Some(0.0)),
+            ("prefill-cost-scorer", Some(1.0)),
+            ("max-score-picker", None),
+        ])
+    }
+
+    /// The llm-d-style weighted profile: `model-filter`, the prefix scorer ×3,
+    /// `queue-scorer` ×2, `kv-cache-utilization-scorer` ×2, `max-score-picker`.
+    pub fn weighted_profile(precise: bool) -> SchedulerConfig {
+        let prefix = prefix_scorer(precise);
+        profile(&[
+            ("model-filter", None),
+            (prefix, Some(3.0)),
+            ("queue-scorer", Some(2.0)),
+            ("kv-cache-utilization-scorer", Some(2.0)),
+            ("max-score-picker", None),
+        ])
+    }
+
+    /// A built-in profile by name: `cost` or `weighted`.
+    pub fn builtin(name: &str, precise: bool) -> Option<SchedulerConfig> {
+        match name {
+            "cost" => Some(SchedulerConfig::cost_profile(precise)),
+            "weighted" => Some(SchedulerConfig::weighted_profile(precise)),
+            _ => None,
         }
     }
 }

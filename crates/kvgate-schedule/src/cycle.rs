@@ -124,8 +124,14 @@ pub struct CycleState {
     now: Instant,
     keys: Vec<(u32, Arc<BlockKeys>)>,
     prefix: Option<PrefixMatch>,
+    tie_break: Option<Vec<TieKey>>,
     rng: u64,
 }
+
+/// A candidate's tie-break key, lower is better; compared lexicographically. Scorers that
+/// know how to order equal scores (the cost scorer: fewest decode tokens, then least recently
+/// picked) record one per candidate with [`CycleState::record_tie_break`].
+pub type TieKey = (u64, u64);
 
 impl CycleState {
     /// A cycle for `facts` evaluated at `now` (metrics staleness, health).
@@ -140,6 +146,7 @@ impl CycleState {
             now,
             keys: Vec::new(),
             prefix: None,
+            tie_break: None,
             rng: seed,
         }
     }
@@ -199,6 +206,23 @@ impl CycleState {
 
     pub(crate) fn take_prefix_match(&mut self) -> Option<PrefixMatch> {
         self.prefix.take()
+    }
+
+    /// Forgets what the previous profile run recorded (prefix match, tie-break keys).
+    pub(crate) fn begin_run(&mut self) {
+        self.prefix = None;
+        self.tie_break = None;
+    }
+
+    /// Records tie-break keys for the current profile run's candidates (same order and length
+    /// as the candidates the scorers see). The max-score picker orders equal totals by them.
+    pub fn record_tie_break(&mut self, keys: Vec<TieKey>) {
+        self.tie_break = Some(keys);
+    }
+
+    /// The tie-break keys recorded in the current profile run.
+    pub fn tie_break(&self) -> Option<&[TieKey]> {
+        self.tie_break.as_deref()
     }
 
     /// A pseudo-random number (splitmix64), seeded per cycle.

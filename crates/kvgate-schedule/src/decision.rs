@@ -10,9 +10,10 @@ use std::time::Duration;
 use serde::Serialize;
 
 use crate::cycle::{CycleState, PrefixMatch};
-use crate::endpoint::{EndpointState, InFlightGuard};
+use crate::endpoint::EndpointState;
 use crate::error::ScheduleError;
 use crate::framework::{HandlerResult, SkipReason};
+use crate::load::{InFlightGuard, LoadSnapshot};
 
 /// Response header that may carry [`Decision::scores_header`].
 pub const SCORES_HEADER: &str = "x-kvgate-scores";
@@ -63,6 +64,8 @@ pub struct ProfileDecision {
     pub prefix: Option<PrefixMatch>,
     /// Predicted cached prompt tokens on the pick (`None` without a prefix scorer).
     pub predicted_cached_tokens: Option<u64>,
+    /// Each candidate's router-side load when the run scored it (same order as `candidates`).
+    pub loads: Vec<LoadSnapshot>,
 }
 
 impl ProfileDecision {
@@ -150,7 +153,7 @@ impl Decision {
                 } else {
                     uncached
                 };
-                r.picked().begin_request(tokens)
+                r.picked().begin_request(tokens, prompt)
             })
             .collect();
         Decision {
@@ -317,6 +320,11 @@ fn run_view(r: &ProfileDecision) -> RunView {
             .map(|c| CandidateView {
                 endpoint: r.candidates[c].name().to_owned(),
                 total: r.totals[c],
+                predicted_cached_tokens: r
+                    .prefix
+                    .as_ref()
+                    .map(|m| m.predicted_tokens(r.candidates[c].kv_id())),
+                load: r.loads.get(c).copied().unwrap_or_default(),
                 scores: r
                     .scorers
                     .iter()
@@ -385,6 +393,10 @@ pub struct CandidateView {
     pub endpoint: String,
     /// Weighted total.
     pub total: f64,
+    /// Cached prompt tokens the prefix scorer predicted here (`None` without one).
+    pub predicted_cached_tokens: Option<u64>,
+    /// Router-side load when the candidate was scored.
+    pub load: LoadSnapshot,
     /// Per scorer.
     pub scores: Vec<ScoreView>,
 }

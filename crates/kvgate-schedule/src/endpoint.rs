@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use arc_swap::{ArcSwap, ArcSwapOption};
 use kvgate_kvcache::EndpointId;
 
+use crate::load::EndpointLoad;
 use crate::prom::EngineMetrics;
 
 /// The label that carries an endpoint's P/D role (llm-d convention).
@@ -141,8 +142,7 @@ pub struct EndpointState {
     stale_after: Duration,
     health: Mutex<Health>,
     models: ArcSwapOption<HashSet<ServedModel>>,
-    in_flight_requests: AtomicU64,
-    in_flight_tokens: AtomicU64,
+    pub(crate) load: EndpointLoad,
     metrics: ArcSwapOption<MetricsSnapshot>,
     scrape_failing: AtomicU32,
     kv_id: EndpointId,
@@ -226,8 +226,7 @@ impl EndpointState {
             stale_after: init.stale_after,
             health: Mutex::default(),
             models: ArcSwapOption::empty(),
-            in_flight_requests: AtomicU64::new(0),
-            in_flight_tokens: AtomicU64::new(0),
+            load: EndpointLoad::default(),
             metrics: ArcSwapOption::empty(),
             scrape_failing: AtomicU32::new(0),
             kv_id: init.kv_id,
@@ -387,29 +386,6 @@ impl EndpointState {
             .map(|set| set.iter().any(|m| m.id == model))
     }
 
-    // === in-flight ===
-
-    /// Counts a request (and its uncached prompt tokens) as in flight until the guard drops.
-    pub fn begin_request(self: &Arc<Self>, uncached_tokens: u64) -> InFlightGuard {
-        self.in_flight_requests.fetch_add(1, Ordering::Relaxed);
-        self.in_flight_tokens
-            .fetch_add(uncached_tokens, Ordering::Relaxed);
-        InFlightGuard {
-            endpoint: Arc::clone(self),
-            tokens: uncached_tokens,
-        }
-    }
-
-    /// Requests in flight through this router.
-    pub fn in_flight_requests(&self) -> u64 {
-        self.in_flight_requests.load(Ordering::Relaxed)
-    }
-
-    /// Uncached prompt tokens of the requests in flight.
-    pub fn in_flight_tokens(&self) -> u64 {
-        self.in_flight_tokens.load(Ordering::Relaxed)
-    }
-
     // === metrics ===
 
     /// Stores a successful scrape.
@@ -455,32 +431,6 @@ impl EndpointState {
     /// True when the metrics are missing, too old or the last scrape failed.
     pub fn is_stale(&self, now: Instant) -> bool {
         self.with_metrics(now, |m| m.fresh().is_none())
-    }
-}
-
-/// Holds one request's share of an endpoint's in-flight counters; dropping it releases them on
-/// every exit path (success, error, client disconnect, panic unwinding).
-#[derive(Debug)]
-pub struct InFlightGuard {
-    endpoint: Arc<EndpointState>,
-    tokens: u64,
-}
-
-impl InFlightGuard {
-    /// The endpoint this guard counts against.
-    pub fn endpoint(&self) -> &Arc<EndpointState> {
-        &self.endpoint
-    }
-}
-
-impl Drop for InFlightGuard {
-    fn drop(&mut self) {
-        self.endpoint
-            .in_flight_requests
-            .fetch_sub(1, Ordering::Relaxed);
-        self.endpoint
-            .in_flight_tokens
-            .fetch_sub(self.tokens, Ordering::Relaxed);
     }
 }
 
@@ -540,24 +490,6 @@ pub(crate) mod tests {
         e.record_success();
         assert!(e.is_healthy(t0));
         assert_eq!(e.consecutive_failures(), 0);
-    }
-
-    #[test]
-    fn guard_releases_on_every_path() {
-        let e = endpoint("http://h:1", &[]);
-        {
-            let _a = e.begin_request(100);
-            let b = e.begin_request(50);
-            assert_eq!((e.in_flight_requests(), e.in_flight_tokens()), (2, 150));
-            drop(b);
-            assert_eq!((e.in_flight_requests(), e.in_flight_tokens()), (1, 100));
-        }
-        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            let _g = e.begin_request(7);
-            panic!("boom");
-        }));
-        assert!(r.is_err());
-        assert_eq!((e.in_flight_requests(), e.in_flight_tokens()), (0, 0));
     }
 
     #[test]

@@ -54,7 +54,8 @@
 //! - `decision`: [`Decision`], its header value, log line and JSON view.
 //! - `plugins`: the registry table; one file per plugin under
 //!   `plugins/{filters,scorers,pickers,profile_handlers}/`.
-//! - `endpoint`: [`EndpointState`], [`InFlightGuard`], health, roles.
+//! - `endpoint`: [`EndpointState`], health, roles.
+//! - `load`: router-side load counters and [`InFlightGuard`] (prefilling, then decoding).
 //! - `registry`: [`EndpointRegistry`] with `reconcile` for hot reload.
 //! - `scrape`: the per-endpoint `/metrics` poller; `prom`: the Prometheus text parser and
 //!   [`EngineMetrics`].
@@ -69,6 +70,7 @@ mod decision;
 mod endpoint;
 mod error;
 mod framework;
+mod load;
 mod metrics;
 pub mod plugins;
 mod prom;
@@ -82,21 +84,24 @@ pub use self::{
     config::{
         Node, NodeError, PluginRef, PluginSpec, ProfileSpec, SchedulerConfig, SchedulingSpec,
     },
-    cycle::{CycleState, PrefixMatch, PrefixSource, PromptTokens, RequestFacts, SESSION_HEADER},
+    cycle::{
+        CycleState, PrefixMatch, PrefixSource, PromptTokens, RequestFacts, SESSION_HEADER, TieKey,
+    },
     debug::{EndpointSnapshot, IndexSnapshot, StateSnapshot, render_html},
     decision::{
         CandidateView, Decision, DecisionView, Dropped, ProfileDecision, RunView, SCORES_HEADER,
         ScoreView, ScorerColumn,
     },
     endpoint::{
-        BadUrl, EndpointState, HealthPolicy, InFlightGuard, MetricsSnapshot, MetricsView,
-        ROLE_LABEL, Role, ServedModel,
+        BadUrl, EndpointState, HealthPolicy, MetricsSnapshot, MetricsView, ROLE_LABEL, Role,
+        ServedModel,
     },
     error::{ConfigError, ConfigIssue, ScheduleError},
     framework::{
         Filter, HandlerResult, Picker, ProfileHandler, ProfileRunSummary, ScoreOutcome, Scorer,
         SkipReason,
     },
+    load::{InFlightGuard, LoadSnapshot},
     metrics::ScheduleMetrics,
     plugins::catalogue,
     plugins::profile_handlers::pd_profile_handler::PREFILLER_HEADER,

@@ -104,6 +104,7 @@ pub(crate) const REGISTRY: &[Registration] = &[
     filters::utilization_filter::REGISTRATION,
     scorers::precise_prefix_cache_scorer::REGISTRATION,
     scorers::approx_prefix_cache_scorer::REGISTRATION,
+    scorers::prefill_cost_scorer::REGISTRATION,
     scorers::queue_scorer::REGISTRATION,
     scorers::kv_cache_utilization_scorer::REGISTRATION,
     scorers::running_requests_scorer::REGISTRATION,

@@ -190,7 +190,7 @@ fn run_profile(
     cycle: &mut CycleState,
     candidates: &[Arc<EndpointState>],
 ) -> Result<ProfileDecision, ScheduleError> {
-    let _ = cycle.take_prefix_match();
+    cycle.begin_run();
     let mut alive: Vec<&Arc<EndpointState>> = candidates.iter().collect();
     let mut dropped = Vec::new();
     let mut keep = Vec::with_capacity(alive.len());
@@ -223,6 +223,7 @@ fn run_profile(
     }
     let view: Vec<&EndpointState> = alive.iter().map(|e| &***e).collect();
     let n = view.len();
+    let loads = view.iter().map(|e| e.load()).collect();
     let mut raw = vec![0.0; n * profile.scorers.len()];
     let mut totals = vec![0.0; n];
     let mut skipped = Vec::new();
@@ -265,6 +266,7 @@ fn run_profile(
         dropped,
         prefix,
         predicted_cached_tokens,
+        loads,
     })
 }
 

@@ -109,7 +109,7 @@ impl Ep {
         }
         for i in 0..self.in_flight {
             let tokens = if i == 0 { self.in_flight_tokens } else { 0 };
-            std::mem::forget(e.begin_request(tokens));
+            std::mem::forget(e.begin_request(tokens, tokens));
         }
         e
     }

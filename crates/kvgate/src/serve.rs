@@ -31,6 +31,15 @@ pub(crate) struct ServeArgs {
     /// Add `x-kvgate-scores` (every candidate's per-scorer scores) to responses.
     #[arg(long)]
     scores_header: bool,
+    /// Built-in scheduling profile when the config file defines none: `cost` (predicted
+    /// prefill tokens: queued + uncached, the default) or `weighted` (llm-d-style weighted
+    /// prefix ×3, queue ×2, KV utilization ×2).
+    #[arg(long, default_value = "cost", value_parser = ["cost", "weighted"])]
+    profile: String,
+    /// Write one JSON line per routed request (every candidate's scores, predicted and
+    /// realized cached tokens, load, the pick) to FILE. Off by default.
+    #[arg(long, value_name = "FILE")]
+    decision_log: Option<std::path::PathBuf>,
     /// Model alias, ALIAS=MODEL (repeatable): requests for ALIAS reach engines as MODEL.
     #[arg(long = "alias", value_name = "ALIAS=MODEL")]
     aliases: Vec<String>,
@@ -126,6 +135,13 @@ fn proxy_config(args: &ServeArgs, file: &FileConfig) -> anyhow::Result<ProxyConf
     }
     config.default_endpoint_models();
     config.scores_header = args.scores_header;
+    config.decision_log.clone_from(&args.decision_log);
+    if config.scheduler.is_empty() {
+        let precise = config.endpoints.iter().any(|e| e.kv_events.is_some());
+        if let Some(builtin) = kvgate_proxy::SchedulerConfig::builtin(&args.profile, precise) {
+            config.scheduler = builtin;
+        }
+    }
     config.retries = args.retries;
     config.upstream_timeout = args.upstream_timeout;
     config.max_body_bytes = args.max_body_bytes;

@@ -27,6 +27,7 @@ impl Proxy {
             guards,
             predicted,
             scores,
+            mut log,
         } = sent;
         let (mut parts, body) = response.into_parts();
         strip_hop_by_hop(&mut parts.headers);
@@ -58,9 +59,13 @@ impl Proxy {
             endpoint: ep.clone(),
             predicted: predicted.unwrap_or(0),
         });
+        if let Some(log) = &mut log {
+            log.status(parts.status.as_u16());
+        }
         let tracker = Tracker {
             guards,
             realized,
+            log,
             usage: if is_sse {
                 UsageWatch::sse()
             } else if is_json {

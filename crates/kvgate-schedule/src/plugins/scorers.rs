@@ -6,6 +6,7 @@ pub mod kv_cache_utilization_scorer;
 pub mod lora_affinity_scorer;
 pub mod no_hit_lru_scorer;
 pub mod precise_prefix_cache_scorer;
+pub mod prefill_cost_scorer;
 pub mod queue_scorer;
 pub mod running_requests_scorer;
 pub mod session_affinity_scorer;

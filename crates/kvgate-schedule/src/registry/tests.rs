@@ -24,7 +24,7 @@ async fn reconcile_keeps_identity_and_drops_removed() {
     assert_eq!(rep.added.len(), 2);
     let a_state = r.get("a:1").unwrap();
     let b_state = r.get("b:1").unwrap();
-    let guard = b_state.begin_request(5);
+    let guard = b_state.begin_request(5, 5);
     r.kv_index().record_routing(
         b_state.kv_id(),
         &kvgate_kvcache::block_keys(

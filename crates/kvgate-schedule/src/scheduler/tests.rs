@@ -99,13 +99,9 @@ fn defaults_and_implicit_profile() {
     let weights: Vec<f64> = s.profiles[0].scorers.iter().map(|w| w.weight).collect();
     assert_eq!(
         names,
-        vec![
-            "precise-prefix-cache-scorer",
-            "queue-scorer",
-            "kv-cache-utilization-scorer"
-        ]
+        vec!["precise-prefix-cache-scorer", "prefill-cost-scorer"]
     );
-    assert_eq!(weights, vec![3.0, 2.0, 2.0]);
+    assert_eq!(weights, vec![0.0, 1.0]);
     assert_eq!(s.profiles[0].picker.0, "max-score-picker");
     assert_eq!(s.profile_handler(), "single-profile-handler");
     let approx = Scheduler::from_config(&SchedulerConfig::default(), &handles(false)).unwrap();
@@ -113,6 +109,15 @@ fn defaults_and_implicit_profile() {
         approx.profiles[0].scorers[0].name,
         "approx-prefix-cache-scorer"
     );
+    let weighted = SchedulerConfig::builtin("weighted", true).unwrap();
+    let weighted = Scheduler::from_config(&weighted, &handles(true)).unwrap();
+    let weights: Vec<f64> = weighted.profiles[0]
+        .scorers
+        .iter()
+        .map(|w| w.weight)
+        .collect();
+    assert_eq!(weights, vec![3.0, 2.0, 2.0]);
+    assert_eq!(SchedulerConfig::builtin("nope", true), None);
     let implicit = build("plugins:\n  - type: queue-scorer\n  - type: random-picker\n").unwrap();
     assert_eq!(implicit.profiles[0].scorers.len(), 1);
     assert_eq!(implicit.profiles[0].picker.0, "random-picker");

@@ -1,5 +1,7 @@
-//! `max-score-picker`: picks the candidate with the highest total score; ties are broken
-//! uniformly at random.
+//! `max-score-picker`: picks the candidate with the highest total score. Ties are broken by
+//! the tie-break keys a scorer recorded for the run ([`crate::CycleState::record_tie_break`],
+//! lowest key first: the cost scorer records fewest decode tokens, then least recently
+//! picked), and uniformly at random among candidates whose keys are equal too.
 //!
 //! No parameters. Signal: the weighted totals only. NaN totals never win.
 //!
@@ -45,27 +47,28 @@ impl Picker for MaxScorePicker {
             .copied()
             .filter(|t| !t.is_nan())
             .fold(f64::NEG_INFINITY, f64::max);
-        let ties = totals.iter().filter(|t| **t == best).count();
-        if ties == 0 {
+        let mut tied: Vec<usize> = (0..totals.len()).filter(|i| totals[*i] == best).collect();
+        if tied.is_empty() {
             return (!totals.is_empty()).then_some(0);
         }
-        let nth = if ties == 1 {
+        if let Some(keys) = cycle.tie_break().filter(|k| k.len() == totals.len())
+            && tied.len() > 1
+        {
+            let min = tied.iter().map(|i| keys[*i]).min();
+            tied.retain(|i| Some(keys[*i]) == min);
+        }
+        let nth = if tied.len() == 1 {
             0
         } else {
-            (cycle.next_random() % ties as u64) as usize
+            (cycle.next_random() % tied.len() as u64) as usize
         };
-        totals
-            .iter()
-            .enumerate()
-            .filter(|(_, t)| **t == best)
-            .nth(nth)
-            .map(|(i, _)| i)
+        tied.get(nth).copied()
     }
 }
 
 pub(crate) const REGISTRATION: Registration = Registration {
     type_name: MaxScorePicker::TYPE,
-    description: "picks the highest total score, random among ties",
+    description: "picks the highest total score; ties by recorded tie-break keys, then at random",
     example: "{}",
     build: |p, _| {
         Ok(Built::Picker(std::sync::Arc::new(MaxScorePicker::new(
@@ -102,6 +105,71 @@ mod tests {
                     },
                     Instant::now(),
                 );
+                if let Some(x) = p.pick(&mut c, &totals) {
+                    seen.insert(x);
+                }
+            }
+            let mut seen: Vec<usize> = seen.into_iter().collect();
+            seen.sort_unstable();
+            assert_eq!(seen, want, "{name}");
+        }
+    }
+
+    #[test]
+    fn tie_break_keys_order_equal_totals() {
+        type Row = (&'static str, Vec<f64>, Option<Vec<(u64, u64)>>, Vec<usize>);
+        let p = MaxScorePicker::new(MaxScorePickerConfig::default()).unwrap();
+        let cases: Vec<Row> = vec![
+            (
+                "no keys: random among ties",
+                vec![1.0, 1.0, 0.5],
+                None,
+                vec![0, 1],
+            ),
+            (
+                "first key decides",
+                vec![1.0, 1.0, 0.5],
+                Some(vec![(5, 0), (3, 9), (0, 0)]),
+                vec![1],
+            ),
+            (
+                "second key decides",
+                vec![1.0, 1.0, 0.5],
+                Some(vec![(3, 7), (3, 2), (0, 0)]),
+                vec![1],
+            ),
+            (
+                "equal keys: random",
+                vec![1.0, 1.0],
+                Some(vec![(3, 2), (3, 2)]),
+                vec![0, 1],
+            ),
+            (
+                "keys never beat a higher total",
+                vec![0.9, 1.0],
+                Some(vec![(0, 0), (9, 9)]),
+                vec![1],
+            ),
+            (
+                "keys of the wrong length ignored",
+                vec![1.0, 1.0],
+                Some(vec![(0, 0)]),
+                vec![0, 1],
+            ),
+        ];
+        for (name, totals, keys, want) in cases {
+            let mut seen = HashSet::new();
+            for i in 0..64 {
+                let mut c = CycleState::new(
+                    RequestFacts {
+                        request_id: format!("r{i}"),
+                        ..Default::default()
+                    },
+                    Instant::now(),
+                );
+                if let Some(k) = &keys {
+                    c.record_tie_break(k.clone());
+                }
                 if let Some(x) = p.pick(&mut c, &totals) {
                     seen.insert(x);
                 }

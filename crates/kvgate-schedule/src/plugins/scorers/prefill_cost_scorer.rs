@@ -1,0 +1,184 @@
+//! `prefill-cost-scorer`: prefers the endpoint where this request's prompt is computed
+//! soonest, in one physical unit: prefill tokens.
+//!
+//! Per candidate `w`, with `N` the prompt's tokens and `C_w` the cached tokens the prefix
+//! scorer placed before this one predicted there:
+//! - `P_w = max(1, N − min(C_w, N − 1))`: the uncached tokens this request brings (the engine
+//!   always computes the last prompt token);
+//! - `Q_w`: the prefill tokens already queued or running there: the uncached tokens of the
+//!   requests this router dispatched and that have not sent their first byte yet, plus, when
+//!   the engine's scraped `waiting` count is larger than this router's own prefilling
+//!   requests (other routers send there too), the difference × the mean uncached tokens of
+//!   this router's pending requests there (or `P_w` when there are none);
+//! - `cost_w = Q_w + P_w`, × `(R_w + 1)` (requests in flight, the larger of this router's
+//!   count and the scraped running + waiting) when `in_flight_multiplier` is on
+//!   (vllm-router's kv_aware shape).
+//!
+//! The score is `min_w cost / cost_w` (the cheapest scores 1), so in a profile of its own the
+//! max-score picker takes the cheapest. Equal costs are ordered by the keys this scorer
+//! records ([`crate::CycleState::record_tie_break`]): fewest decode tokens in flight, then
+//! least recently picked.
+//!
+//! The scorer reads the [`crate::PrefixMatch`] that a prefix scorer earlier in the same
+//! profile recorded (precise or approximate); give that scorer weight 0 so the cost alone
+//! ranks, while it still records its match and its speculative or routing entries. Without a
+//! match (no prefix scorer, or it was skipped) every candidate's `C_w` is 0 and the scorer
+//! balances queued prefill work. Without a prompt length (`N` unknown) `P_w` is 1.
+//!
+//! Parameters:
+//! - `in_flight_multiplier` (default false): multiply the cost by `R_w + 1`.
+//! - `scraped_queue` (default true): add queued work other routers sent, from `/metrics`.
+//!
+//! Signals: the router's load counters ([`crate::LoadSnapshot`]), always present; scraped
+//! `waiting` when fresh. Never skipped.
+//!
+//! Example:
+//! ```yaml
+//! - type: precise-prefix-cache-scorer
+//! - type: prefill-cost-scorer
+//!   parameters: { in_flight_multiplier: false, scraped_queue: true }
+//! profiles:
+//!   - name: default
+//!     plugins:
+//!       - { ref: precise-prefix-cache-scorer, weight: 0 }
+//!       - { ref: prefill-cost-scorer, weight: 1 }
+//! ```
+
+use serde::Deserialize;
+
+use crate::cycle::{CycleState, TieKey};
+use crate::endpoint::EndpointState;
+use crate::error::ConfigError;
+use crate::framework::{ScoreOutcome, Scorer};
+use crate::load::LoadSnapshot;
+use crate::plugins::{Built, Registration, params};
+
+/// Parameters of `prefill-cost-scorer`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PrefillCostScorerConfig {
+    /// Multiply the cost by the in-flight requests + 1.
+    pub in_flight_multiplier: bool,
+    /// Count queued requests other routers sent (scraped `waiting` beyond this router's own).
+    pub scraped_queue: bool,
+}
+
+impl Default for PrefillCostScorerConfig {
+    fn default() -> Self {
+        PrefillCostScorerConfig {
+            in_flight_multiplier: false,
+            scraped_queue: true,
+        }
+    }
+}
+
+/// Scores by predicted prefill work (queued + this request's uncached tokens).
+#[derive(Debug)]
+pub struct PrefillCostScorer {
+    config: PrefillCostScorerConfig,
+}
+
+/// What the cost of one candidate depends on.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub(crate) struct CostInput {
+    /// Prompt tokens of the request (`None` when unknown).
+    pub(crate) prompt: Option<u64>,
+    /// Predicted cached tokens on the candidate.
+    pub(crate) cached: u64,
+    /// The router's load counters of the candidate.
+    pub(crate) load: LoadSnapshot,
+    /// Fresh scraped `waiting` and `running` requests, when known.
+    pub(crate) waiting: Option<f64>,
+    pub(crate) running: Option<f64>,
+}
+
+impl PrefillCostScorer {
+    /// YAML type name.
+    pub const TYPE: &'static str = "prefill-cost-scorer";
+
+    /// Builds the scorer.
+    ///
+    /// # Errors
+    /// Never; the signature matches every plugin's.
+    pub fn new(config: PrefillCostScorerConfig) -> Result<PrefillCostScorer, ConfigError> {
+        Ok(PrefillCostScorer { config })
+    }
+
+    /// The cost of one candidate in prefill tokens (see the module docs); always ≥ 1.
+    pub(crate) fn cost(&self, c: &CostInput) -> f64 {
+        let new = match c.prompt {
+            Some(n) if n > 0 => n - c.cached.min(n - 1),
+            _ => 1,
+        } as f64;
+        let load = c.load;
+        let mut queued = load.prefill_tokens as f64;
+        let mut in_flight = load.requests as f64;
+        if self.config.scraped_queue {
+            let own = load.prefill_requests as f64;
+            if let Some(waiting) = c.waiting.filter(|w| *w > own) {
+                let mean = if load.prefill_requests > 0 {
+                    load.prefill_tokens as f64 / own
+                } else {
+                    new
+                };
+                queued += (waiting - own) * mean;
+            }
+            let scraped = c.waiting.unwrap_or(0.0) + c.running.unwrap_or(0.0);
+            in_flight = in_flight.max(scraped);
+        }
+        let mut cost = queued + new;
+        if self.config.in_flight_multiplier {
+            cost *= in_flight + 1.0;
+        }
+        cost
+    }
+}
+
+impl Scorer for PrefillCostScorer {
+    fn score(
+        &self,
+        cycle: &mut CycleState,
+        candidates: &[&EndpointState],
+        scores: &mut [f64],
+    ) -> ScoreOutcome {
+        let now = cycle.now();
+        let prompt = cycle.facts().prompt_tokens;
+        let prefix = cycle.prefix_match();
+        let mut ties: Vec<TieKey> = Vec::with_capacity(candidates.len());
+        for (s, e) in scores.iter_mut().zip(candidates) {
+            let load = e.load();
+            let (waiting, running) = e.with_metrics(now, |m| {
+                m.fresh().map_or((None, None), |m| (m.waiting, m.running))
+            });
+            let input = CostInput {
+                prompt,
+                cached: prefix.map_or(0, |p| p.predicted_tokens(e.kv_id())),
+                load,
+                waiting,
+                running,
+            };
+            *s = self.cost(&input);
+            ties.push((load.decode_tokens, load.last_pick));
+        }
+        let min = scores.iter().copied().fold(f64::INFINITY, f64::min);
+        for s in scores.iter_mut() {
+            *s = min / *s;
+        }
+        cycle.record_tie_break(ties);
+        ScoreOutcome::Scored
+    }
+}
+
+pub(crate) const REGISTRATION: Registration = Registration {
+    type_name: PrefillCostScorer::TYPE,
+    description: "prefers the endpoint with the least prefill work: queued + this request's uncached tokens",
+    example: "{ in_flight_multiplier: false, scraped_queue: true }",
+    build: |p, _| {
+        Ok(Built::Scorer(std::sync::Arc::new(PrefillCostScorer::new(
+            params(p)?,
+        )?)))
+    },
+};
+
+#[cfg(test)]
+mod tests;

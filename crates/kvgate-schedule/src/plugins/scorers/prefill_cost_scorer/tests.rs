@@ -1,0 +1,271 @@
+use kvgate_kvcache::EndpointId;
+
+use super::*;
+use crate::cycle::{PrefixMatch, PrefixSource, RequestFacts};
+use crate::framework::Picker;
+use crate::plugins::pickers::max_score_picker::{MaxScorePicker, MaxScorePickerConfig};
+use crate::test_util::{Fresh, ep, facts, setup};
+
+fn scorer(in_flight_multiplier: bool, scraped_queue: bool) -> PrefillCostScorer {
+    PrefillCostScorer::new(PrefillCostScorerConfig {
+        in_flight_multiplier,
+        scraped_queue,
+    })
+    .unwrap()
+}
+
+fn load(requests: u64, prefill_requests: u64, prefill_tokens: u64) -> LoadSnapshot {
+    LoadSnapshot {
+        requests,
+        uncached_tokens: prefill_tokens,
+        prefill_requests,
+        prefill_tokens,
+        decode_tokens: 0,
+        last_pick: 0,
+    }
+}
+
+/// Each row flips one condition against the base row.
+#[test]
+fn cost_table() {
+    let base = CostInput {
+        prompt: Some(1000),
+        cached: 0,
+        load: LoadSnapshot::default(),
+        waiting: None,
+        running: None,
+    };
+    type Row = (&'static str, CostInput, bool, bool, f64);
+    let rows: Vec<Row> = vec![
+        (
+            "idle, nothing cached: the whole prompt",
+            base,
+            false,
+            true,
+            1000.0,
+        ),
+        (
+            "600 cached",
+            CostInput {
+                cached: 600,
+                ..base
+            },
+            false,
+            true,
+            400.0,
+        ),
+        (
+            "all cached: still the last token",
+            CostInput {
+                cached: 1000,
+                ..base
+            },
+            false,
+            true,
+            1.0,
+        ),
+        (
+            "cached beyond the prompt",
+            CostInput {
+                cached: 4000,
+                ..base
+            },
+            false,
+            true,
+            1.0,
+        ),
+        (
+            "unknown prompt length",
+            CostInput {
+                prompt: None,
+                ..base
+            },
+            false,
+            true,
+            1.0,
+        ),
+        (
+            "empty prompt",
+            CostInput {
+                prompt: Some(0),
+                ..base
+            },
+            false,
+            true,
+            1.0,
+        ),
+        (
+            "queued prefill adds",
+            CostInput {
+                load: load(2, 2, 500),
+                ..base
+            },
+            false,
+            true,
+            1500.0,
+        ),
+        (
+            "decoding requests add no prefill",
+            CostInput {
+                load: load(3, 0, 0),
+                ..base
+            },
+            false,
+            true,
+            1000.0,
+        ),
+        (
+            "multiplier: × (in flight + 1)",
+            CostInput {
+                load: load(3, 0, 0),
+                ..base
+            },
+            true,
+            true,
+            4000.0,
+        ),
+        (
+            "scraped waiting beyond ours: other routers' work at our mean",
+            CostInput {
+                load: load(2, 2, 500),
+                waiting: Some(4.0),
+                ..base
+            },
+            false,
+            true,
+            2000.0,
+        ),
+        (
+            "scraped waiting, none of ours: this request's size each",
+            CostInput {
+                waiting: Some(2.0),
+                ..base
+            },
+            false,
+            true,
+            3000.0,
+        ),
+        (
+            "scraped waiting not above ours: nothing added",
+            CostInput {
+                load: load(2, 2, 500),
+                waiting: Some(1.0),
+                ..base
+            },
+            false,
+            true,
+            1500.0,
+        ),
+        (
+            "scraped queue off",
+            CostInput {
+                waiting: Some(2.0),
+                ..base
+            },
+            false,
+            false,
+            1000.0,
+        ),
+        (
+            "multiplier counts scraped running + waiting when larger",
+            CostInput {
+                waiting: Some(0.0),
+                running: Some(3.0),
+                ..base
+            },
+            true,
+            true,
+            4000.0,
+        ),
+        (
+            "multiplier without scraped queue: only our count",
+            CostInput {
+                load: load(1, 0, 0),
+                running: Some(3.0),
+                ..base
+            },
+            true,
+            false,
+            2000.0,
+        ),
+    ];
+    for (name, input, mult, scraped, want) in rows {
+        assert_eq!(scorer(mult, scraped).cost(&input), want, "{name}");
+    }
+}
+
+fn facts_with_prompt(n: u64) -> RequestFacts {
+    let mut f = facts().with_tokens((0..n as u32).collect::<Vec<u32>>(), true, vec![]);
+    f.prompt_tokens = Some(n);
+    f
+}
+
+/// Scores through the trait: the prefix match recorded earlier in the run is read, the cheapest
+/// scores 1 and the others min/cost.
+#[test]
+fn scores_relative_to_the_cheapest() {
+    let s = scorer(false, true);
+    let eps = [
+        ep("a:1").kv_id(1, true),
+        ep("b:1").kv_id(2, true).load(1, 200),
+    ];
+    let (built, mut cycle) = setup(&eps, facts_with_prompt(1000));
+    cycle.record_prefix_match(PrefixMatch {
+        source: PrefixSource::Precise,
+        predicted: vec![(EndpointId(1), 0), (EndpointId(2), 800)],
+    });
+    let refs: Vec<&EndpointState> = built.iter().map(|e| &**e).collect();
+    let mut out = vec![0.0; 2];
+    assert_eq!(s.score(&mut cycle, &refs, &mut out), ScoreOutcome::Scored);
+    // a: 0 queued + 1000 new; b: 200 queued + 200 new = 400.
+    assert_eq!(out, vec![0.4, 1.0]);
+}
+
+#[test]
+fn stale_metrics_are_not_read() {
+    let s = scorer(false, true);
+    let eps = [
+        ep("a:1").waiting(5.0).fresh(Fresh::Stale),
+        ep("b:1").waiting(1.0),
+    ];
+    let (built, mut cycle) = setup(&eps, facts_with_prompt(100));
+    let refs: Vec<&EndpointState> = built.iter().map(|e| &**e).collect();
+    let mut out = vec![0.0; 2];
+    s.score(&mut cycle, &refs, &mut out);
+    // a: stale, so 100; b: one waiting request of ~100 tokens from elsewhere + 100.
+    assert_eq!(out, vec![1.0, 0.5]);
+}
+
+/// Equal costs: the picker takes fewest decode tokens, then the least recently picked.
+#[test]
+fn ties_go_to_fewest_decode_tokens_then_least_recently_picked() {
+    let s = scorer(false, true);
+    let picker = MaxScorePicker::new(MaxScorePickerConfig::default()).unwrap();
+    let eps = [ep("a:1"), ep("b:1"), ep("c:1")];
+    let (built, _) = setup(&eps, facts_with_prompt(100));
+    // Pick order c, a, b; then a and b each get one decoding request, c none.
+    let mut guards = vec![
+        built[2].begin_request(0, 0),
+        built[0].begin_request(0, 50),
+        built[1].begin_request(0, 50),
+    ];
+    for g in &mut guards[1..] {
+        g.prefill_done();
+    }
+    let refs: Vec<&EndpointState> = built.iter().map(|e| &**e).collect();
+    let pick = |refs: &[&EndpointState]| {
+        let mut cycle = CycleState::new(facts_with_prompt(100), std::time::Instant::now());
+        let mut out = vec![0.0; refs.len()];
+        s.score(&mut cycle, refs, &mut out);
+        picker
+            .pick(&mut cycle, &out)
+            .map(|i| refs[i].name().to_owned())
+    };
+    assert_eq!(pick(&refs).as_deref(), Some("c:1"), "fewest decode tokens");
+    assert_eq!(
+        pick(&refs[..2]).as_deref(),
+        Some("a:1"),
+        "least recently picked"
+    );
+    drop(guards);
+}
