@@ -1,0 +1,158 @@
+//! Helpers shared by the end-to-end test binaries: in-process `kvgate sim` fleets, kvgate
+//! proxies in front of them, and a chat client that reads the routing headers.
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
+
+use std::{collections::HashMap, time::Duration};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper_util::{client::legacy::Client, rt::TokioExecutor};
+use kvgate_proxy::{FileConfig, ProxyConfig, test_util::RunningProxy};
+use kvgate_sim::{BUNDLED_TOKENIZER, Sim, SimArgs};
+use serde_json::Value;
+
+pub(crate) const MODEL: &str = "Qwen/Qwen3-0.6B";
+
+pub(crate) fn sim_args(extra: &[&str]) -> SimArgs {
+    use clap::Parser;
+    #[derive(Parser)]
+    struct W {
+        #[command(flatten)]
+        a: SimArgs,
+    }
+    let base = [
+        "sim",
+        "--port",
+        "0",
+        "--kv-events-endpoint",
+        "tcp://127.0.0.1:0",
+        "--kv-events-replay-endpoint",
+        "tcp://127.0.0.1:0",
+        "--prefill-base-ms",
+        "1",
+    ];
+    let itl: &[&str] = if extra.contains(&"--itl-ms") {
+        &[]
+    } else {
+        &["--itl-ms", "0.2"]
+    };
+    W::try_parse_from(base.iter().chain(itl).chain(extra.iter()))
+        .unwrap()
+        .a
+}
+
+pub(crate) async fn fleet(extra: &[&str]) -> Sim {
+    kvgate_sim::start(&sim_args(extra), &HashMap::<String, String>::new())
+        .await
+        .unwrap()
+}
+
+/// `endpoints:` YAML for a fleet, each with its KV events and replay socket.
+pub(crate) fn endpoints_yaml(sim: &Sim, labels: &dyn Fn(usize) -> String) -> String {
+    let mut yaml = String::from("endpoints:\n");
+    for (i, inst) in sim.instances().iter().enumerate() {
+        let ev = &inst.events[0];
+        yaml += &format!(
+            "  - url: http://{}\n    model: {MODEL}\n    kv_events: {}\n",
+            inst.http, ev.events
+        );
+        if let Some(replay) = &ev.replay {
+            yaml += &format!("    kv_replay: {replay}\n");
+        }
+        yaml += &labels(i);
+    }
+    yaml
+}
+
+pub(crate) async fn start_proxy(yaml: &str) -> RunningProxy {
+    let file = FileConfig::from_yaml(yaml).unwrap_or_else(|e| panic!("{e}\n{yaml}"));
+    let mut config = ProxyConfig {
+        models_refresh: Some(Duration::from_secs(1)),
+        scores_header: true,
+        ..ProxyConfig::default()
+    };
+    config.merge_file(&file).unwrap();
+    RunningProxy::start(config).await
+}
+
+pub(crate) fn models_yaml() -> String {
+    format!("models:\n  - name: {MODEL}\n    tokenizer: {{ local: {BUNDLED_TOKENIZER} }}\n")
+}
+
+pub(crate) struct Answer {
+    pub(crate) endpoint: String,
+    pub(crate) predicted: u64,
+    pub(crate) cached: u64,
+    pub(crate) content: String,
+}
+
+pub(crate) async fn chat(proxy: &RunningProxy, body: &Value) -> Answer {
+    let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
+    let req = http::Request::post(format!("{}/v1/chat/completions", proxy.url()))
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(body.to_string())))
+        .unwrap();
+    let resp = client.request(req).await.unwrap();
+    let (parts, body) = resp.into_parts();
+    let bytes = body.collect().await.unwrap().to_bytes();
+    assert_eq!(parts.status, 200, "{}", String::from_utf8_lossy(&bytes));
+    let v: Value = serde_json::from_slice(&bytes).unwrap();
+    let header = |name: &str| {
+        parts
+            .headers
+            .get(name)
+            .map(|h| h.to_str().unwrap().to_owned())
+    };
+    Answer {
+        endpoint: header("x-kvgate-endpoint").unwrap(),
+        predicted: header("x-kvgate-predicted-tokens").map_or(0, |p| p.parse().unwrap()),
+        cached: v["usage"]["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap(),
+        content: v["choices"][0]["message"]["content"]
+            .as_str()
+            .unwrap()
+            .to_owned(),
+    }
+}
+
+/// A system prompt of about `words` words, distinct per `seed`.
+pub(crate) fn system_prompt(seed: usize, words: usize) -> String {
+    const WORDS: [&str; 12] = [
+        "cache", "router", "engine", "prefix", "token", "block", "replica", "event", "latency",
+        "queue", "model", "batch",
+    ];
+    (0..words)
+        .map(|i| WORDS[(i * 7 + seed * 13 + i / 5) % WORDS.len()])
+        .collect::<Vec<_>>()
+        .join(" ")
+        + &format!(" (conversation {seed})")
+}
+
+pub(crate) async fn proxy_get(proxy: &RunningProxy, path: &str) -> String {
+    let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
+    let resp = client
+        .get(format!("{}{path}", proxy.url()).parse().unwrap())
+        .await
+        .unwrap();
+    String::from_utf8(
+        resp.into_body()
+            .collect()
+            .await
+            .unwrap()
+            .to_bytes()
+            .to_vec(),
+    )
+    .unwrap()
+}
+
+pub(crate) async fn admin_json(proxy: &RunningProxy, path: &str) -> Value {
+    let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
+    let resp = client
+        .get(format!("http://{}{path}", proxy.admin).parse().unwrap())
+        .await
+        .unwrap();
+    let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+    serde_json::from_slice(&bytes)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&bytes)))
+}
