@@ -1,0 +1,553 @@
+#!/usr/bin/env bash
+# kvgate against the peer routers users would pick instead, side by side on one `kvgate sim`
+# fleet. Benchmark-only: the peers (vllm-router, SGLang's smg) live in a venv of their own.
+#
+# For every workload: one sim fleet (4 engines) is started; then for every repeat and every
+# router (order alternates: A B C D, then D C B A, ...) the router is started fresh, polled
+# until it answers, every engine's prefix cache is reset, `kvgate bench --target` runs, and the
+# router is stopped. The table gives the median of the repeats and the spread (max - min).
+#
+# Usage: scripts/peers.sh [options]
+#   --out DIR                 output directory (default peers-out/)
+#   --repeats N               runs per (workload, router) (default 3)
+#   --workloads a,b           subset of workloads (default: all; see --list)
+#   --routers a,b             subset of routers, in this order (default: all; see --list)
+#   --kvgate-variant NAME=FILE  extra kvgate router: `kvgate serve --config FILE` (scheduler
+#                             plugins/profiles only) with KV events; NAME=approx:FILE runs it
+#                             without KV events (repeatable)
+#   --replicas N              replica count of the NAME@N routers in the default list (default 2;
+#                             0 drops them). Any router can be given as NAME@N in --routers.
+#   --quick                   smaller workloads (smoke test)
+#   --list                    print workloads and routers, then exit
+#   -h, --help
+# Environment: KVGATE_BIN (default target/release/kvgate), PEERS_VENV (default
+#   ~/.cache/kvgate-peers-venv; created with vllm-router==0.1.17 sglang-router==0.3.2 when the
+#   binaries are missing), PYTHON (python3, to create the venv), KVGATE_TOKENIZER (default
+#   testdata/tokenizers/qwen3), MOONCAKE_TRACE (default /work/shared/data/mooncake/conversation_trace.jsonl),
+#   READY_TIMEOUT (seconds a router may take to answer, default 120).
+#
+# Output: DIR/summary.md (also printed), DIR/summary.json, DIR/raw/<workload>/<router>/rep<k>/
+# (each bench report: results.json with every request, summary.md, plots), DIR/logs/,
+# DIR/commands.log (every command run), DIR/status.tsv, DIR/meta.txt.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+SCRIPTS="$ROOT/scripts"
+KVGATE=${KVGATE_BIN:-$ROOT/target/release/kvgate}
+PEERS_VENV=${PEERS_VENV:-$HOME/.cache/kvgate-peers-venv}
+PYTHON=${PYTHON:-python3}
+TOKENIZER_DIR=${KVGATE_TOKENIZER:-$ROOT/testdata/tokenizers/qwen3}
+MOONCAKE_TRACE=${MOONCAKE_TRACE:-/work/shared/data/mooncake/conversation_trace.jsonl}
+READY_TIMEOUT=${READY_TIMEOUT:-120}
+PEER_PINS=(vllm-router==0.1.17 sglang-router==0.3.2)
+
+# ---------------------------------------------------------------- data: fleet and workloads
+# The fleet every workload starts from; a workload row's sim flags override these by name.
+FLEET_FLAGS=(--instances 4 --num-gpu-blocks 320 --prefill-tokens-per-s 10000
+  --prefill-base-ms 5 --itl-ms 5 --prefix-caching-hash-algo sha256_cbor)
+# Added to every bench run (after the row's flags).
+BENCH_COMMON=(--max-tokens 16 --seed 7 --quiet)
+
+# name | sim flags (override FLEET_FLAGS) | bench flags | bench flags with --quick (empty: same)
+# mooncake: the first 600 trace requests (200 s of traffic, replayed at 2x; 17% of blocks are
+# reuses even with an infinite cache, and the first 60 reuse almost nothing), engines big
+# enough for the trace's longest prompt (87k tokens in the first 60), output capped at 16.
+# A row whose --workload value or any --flag is missing from `kvgate bench --help` is skipped
+# with the reason printed, so rows for features still being written can sit here.
+WORKLOAD_ROWS=(
+  "sp-8x9||--workload shared-prefix --groups 8 --conversations-per-group 9 --turns 3 --system-tokens 2048 --concurrency 8|--workload shared-prefix --groups 4 --conversations-per-group 3 --turns 2 --system-tokens 2048 --concurrency 8"
+  "sp-32x3||--workload shared-prefix --groups 32 --conversations-per-group 3 --turns 3 --system-tokens 512 --concurrency 8|--workload shared-prefix --groups 8 --conversations-per-group 2 --turns 2 --system-tokens 512 --concurrency 8"
+  "huge-4x12||--workload shared-prefix --groups 4 --conversations-per-group 12 --turns 3 --system-tokens 4000 --concurrency 8|--workload shared-prefix --groups 4 --conversations-per-group 3 --turns 2 --system-tokens 4000 --concurrency 8"
+  "agentic||--workload agentic --concurrency 8|--workload agentic --agents 4 --rounds 2 --concurrency 8"
+  "burst||--workload burst --concurrency 8|--workload burst --bursts 4 --siblings 4 --concurrency 8"
+  "mooncake|--num-gpu-blocks 8192 --max-model-len 131072 --prefill-tokens-per-s 100000|--workload mooncake --trace $MOONCAKE_TRACE --max-requests 600 --trace-speed 2 --max-output-tokens 16|--workload mooncake --trace $MOONCAKE_TRACE --max-requests 60 --trace-speed 2 --max-output-tokens 16"
+)
+
+# Routers. NAME@N = N replicas of NAME behind one multi-URL bench target (needs the bench's
+# NAME=URL1,URL2 targets; skipped with a reason otherwise).
+BASE_ROUTERS=(rr vllm-kv vllm-cache smg kvgate kvgate-approx)
+describe_router() {
+  case $1 in
+    rr) echo "vllm-router --policy round_robin (baseline)" ;;
+    vllm-kv) echo "vllm-router --policy kv_aware, fed by every engine's KV events (+ replay), tokenizes via /render" ;;
+    vllm-cache) echo "vllm-router --policy cache_aware (approximate text tree)" ;;
+    smg) echo "SGLang smg launch --policy cache_aware (approximate text tree)" ;;
+    kvgate) echo "kvgate serve, precise: local tokenizer + KV events (kv=, replay=), default profile" ;;
+    kvgate-approx) echo "kvgate serve, approximate: the same without kv= (learns from its own routing)" ;;
+    *) if [[ -n ${VARIANT_FILE[$1]:-} ]]; then echo "kvgate serve --config ${VARIANT_FILE[$1]} (${VARIANT_MODE[$1]})"; else echo "?"; fi ;;
+  esac
+}
+
+# ---------------------------------------------------------------- options
+OUT=peers-out
+REPEATS=3
+SEL_WORKLOADS=""
+SEL_ROUTERS=""
+REPLICAS=2
+QUICK=0
+LIST=0
+declare -A VARIANT_FILE=() VARIANT_MODE=()
+VARIANT_NAMES=()
+
+die() { echo "peers.sh: $*" >&2; exit 1; }
+log() { echo "[peers $(date +%H:%M:%S)] $*" >&2; }
+usage() { sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d' | sed 's/^# \{0,1\}//'; }
+
+while (($#)); do
+  case $1 in
+    --out) OUT=${2:?--out needs DIR}; shift 2 ;;
+    --repeats) REPEATS=${2:?--repeats needs N}; shift 2 ;;
+    --workloads) SEL_WORKLOADS=${2:?}; shift 2 ;;
+    --routers) SEL_ROUTERS=${2:?}; shift 2 ;;
+    --replicas) REPLICAS=${2:?}; shift 2 ;;
+    --kvgate-variant)
+      spec=${2:?--kvgate-variant needs NAME=FILE}; shift 2
+      name=${spec%%=*}; file=${spec#*=}
+      [[ $spec == *=* && -n $name && -n $file ]] || die "--kvgate-variant wants NAME=FILE, got '$spec'"
+      [[ $name =~ ^[A-Za-z0-9._-]+$ ]] || die "variant name '$name': use letters, digits, . _ -"
+      case " ${BASE_ROUTERS[*]} ${VARIANT_NAMES[*]} " in *" $name "*) die "--kvgate-variant name '$name' is taken" ;; esac
+      mode=precise
+      if [[ $file == approx:* ]]; then mode=approx; file=${file#approx:}; fi
+      [[ -f $file ]] || die "--kvgate-variant $name: no file $file"
+      VARIANT_FILE[$name]=$(cd "$(dirname "$file")" && pwd)/$(basename "$file")
+      VARIANT_MODE[$name]=$mode
+      VARIANT_NAMES+=("$name") ;;
+    --quick) QUICK=1; shift ;;
+    --list) LIST=1; shift ;;
+    -h|--help) usage; exit 0 ;;
+    *) die "unknown option '$1' (see --help)" ;;
+  esac
+done
+[[ $REPEATS =~ ^[1-9][0-9]*$ ]] || die "--repeats must be a positive integer"
+[[ $REPLICAS =~ ^[0-9]+$ ]] || die "--replicas must be a non-negative integer"
+
+ALL_ROUTERS=("${BASE_ROUTERS[@]}" "${VARIANT_NAMES[@]}")
+DEFAULT_ROUTERS=("${ALL_ROUTERS[@]}")
+if ((REPLICAS > 1)); then DEFAULT_ROUTERS+=("kvgate@$REPLICAS" "kvgate-approx@$REPLICAS"); fi
+
+if ((LIST)); then
+  echo "workloads (name | sim flags | bench flags):"
+  for row in "${WORKLOAD_ROWS[@]}"; do IFS='|' read -r n s b _ <<<"$row"; echo "  $n | ${s:-(fleet defaults)} | $b"; done
+  echo "routers:"
+  for r in "${ALL_ROUTERS[@]}"; do echo "  $r: $(describe_router "$r")"; done
+  echo "  NAME@N: N replicas of NAME behind one multi-URL target (default list: ${DEFAULT_ROUTERS[*]})"
+  echo "fleet: kvgate sim ${FLEET_FLAGS[*]}"
+  exit 0
+fi
+
+# ---------------------------------------------------------------- processes and cleanup
+PIDS=()
+cleanup() {
+  local rc=$?
+  trap - EXIT INT TERM
+  local pid
+  for pid in "${PIDS[@]}"; do stop_pid "$pid"; done
+  exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+# start_bg LOG CMD... : starts CMD in its own process group (setsid) with output to LOG;
+# sets LAST_PID.
+start_bg() {
+  local logf=$1; shift
+  printf '%q ' "$@" >>"$OUT/commands.log"; echo >>"$OUT/commands.log"
+  setsid "$@" >"$logf" 2>&1 </dev/null &
+  LAST_PID=$!
+  PIDS+=("$LAST_PID")
+}
+
+# stop_pid PID : TERM to its process group, KILL after 10 s; forgets PID.
+stop_pid() {
+  local pid=$1 i keep=()
+  if kill -0 "$pid" 2>/dev/null; then
+    kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || true
+    for ((i = 0; i < 100; i++)); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    if kill -0 "$pid" 2>/dev/null; then
+      kill -KILL -- "-$pid" 2>/dev/null || kill -KILL "$pid" 2>/dev/null || true
+    fi
+  fi
+  wait "$pid" 2>/dev/null || true
+  local p
+  for p in "${PIDS[@]}"; do [[ $p == "$pid" ]] || keep+=("$p"); done
+  PIDS=("${keep[@]}")
+}
+
+# free_ports N : sets PORT_BASE to the first of N consecutive free loopback ports in
+# 20000-32000 (below the kernel's ephemeral range); blocks are handed out in increasing order,
+# so a block is not handed out twice in a run before it is bound.
+PORT_CURSOR=$((20000 + RANDOM % 8000))
+free_ports() {
+  local n=$1 base
+  base=$("$PY" - "$n" "$PORT_CURSOR" <<'EOF'
+import socket, sys
+n, start = int(sys.argv[1]), int(sys.argv[2])
+lo, hi = 20000, 32000
+base = start
+for _ in range(2000):
+    if base + n > hi:
+        base = lo
+    ok, socks = True, []
+    for p in range(base, base + n):
+        s = socket.socket()
+        try:
+            s.bind(("127.0.0.1", p)); socks.append(s)
+        except OSError:
+            ok = False
+            break
+    for s in socks:
+        s.close()
+    if ok:
+        print(base); sys.exit(0)
+    base += n
+sys.exit(1)
+EOF
+  ) || die "no $n free consecutive ports in 20000-32000"
+  PORT_CURSOR=$((base + n))
+  PORT_BASE=$base
+}
+
+# wait_http URL PID LOG NAME : polls URL until it answers 2xx; fails if PID dies or after
+# READY_TIMEOUT seconds.
+wait_http() {
+  local url=$1 pid=$2 logf=$3 name=$4 deadline=$((SECONDS + READY_TIMEOUT))
+  while ! curl -fsS -m 2 -o /dev/null "$url" 2>/dev/null; do
+    if ! kill -0 "$pid" 2>/dev/null; then
+      echo "$name exited before answering $url; last log lines ($logf):" >&2
+      tail -n 20 "$logf" >&2
+      return 1
+    fi
+    if ((SECONDS >= deadline)); then
+      echo "$name did not answer $url within ${READY_TIMEOUT}s; last log lines ($logf):" >&2
+      tail -n 20 "$logf" >&2
+      return 1
+    fi
+    sleep 0.2
+  done
+}
+
+# merge_flags BASE... ::: ROW... : sets MERGED to BASE without the flags ROW sets, then ROW.
+merge_flags() {
+  local -a base=() row=()
+  local a seen=0 keys=" " i=0
+  for a in "$@"; do
+    if [[ $a == ":::" ]]; then seen=1; elif ((seen)); then row+=("$a"); else base+=("$a"); fi
+  done
+  for a in "${row[@]}"; do [[ $a == --* ]] && keys+="${a%%=*} "; done
+  MERGED=()
+  while ((i < ${#base[@]})); do
+    a=${base[i]}
+    if [[ $a == --* && $keys == *" ${a%%=*} "* ]]; then
+      if [[ $a != *=* ]] && ((i + 1 < ${#base[@]})) && [[ ${base[i + 1]} != --* ]]; then
+        i=$((i + 2))
+      else
+        i=$((i + 1))
+      fi
+      continue
+    fi
+    MERGED+=("$a"); i=$((i + 1))
+  done
+  MERGED+=("${row[@]}")
+}
+
+# ---------------------------------------------------------------- checks
+[[ -x $KVGATE ]] || die "kvgate binary not found at $KVGATE (build it: cargo build --release -p kvgate, or set KVGATE_BIN)"
+command -v curl >/dev/null || die "curl is required"
+command -v setsid >/dev/null || die "setsid (util-linux) is required"
+PY=$(command -v "$PYTHON" || true)
+[[ -n $PY ]] || die "$PYTHON is required (set PYTHON)"
+[[ -f $SCRIPTS/peers_table.py ]] || die "missing $SCRIPTS/peers_table.py"
+[[ -d $TOKENIZER_DIR ]] || die "tokenizer directory $TOKENIZER_DIR not found (set KVGATE_TOKENIZER)"
+
+BENCH_HELP=$("$KVGATE" bench --help 2>&1) || die "'$KVGATE bench --help' failed: $BENCH_HELP"
+# Multi-URL targets (NAME=URL1,URL2: requests round-robin across replicas), if this bench has them.
+MULTI_SEP=""
+if grep -Eq 'URL1,URL2|URL\[,URL' <<<"$BENCH_HELP"; then MULTI_SEP=,
+elif grep -Eq 'URL1\+URL2|URL\[\+URL' <<<"$BENCH_HELP"; then MULTI_SEP=+; fi
+
+# Select workloads and routers.
+declare -A ROW_BY_NAME=()
+WORKLOAD_ORDER=()
+for row in "${WORKLOAD_ROWS[@]}"; do
+  IFS='|' read -r n _ <<<"$row"
+  ROW_BY_NAME[$n]=$row
+  WORKLOAD_ORDER+=("$n")
+done
+WORKLOADS=()
+if [[ -n $SEL_WORKLOADS ]]; then
+  IFS=',' read -r -a WORKLOADS <<<"$SEL_WORKLOADS"
+  for w in "${WORKLOADS[@]}"; do [[ -n ${ROW_BY_NAME[$w]:-} ]] || die "unknown workload '$w' (known: ${WORKLOAD_ORDER[*]})"; done
+else
+  WORKLOADS=("${WORKLOAD_ORDER[@]}")
+fi
+ROUTERS=()
+if [[ -n $SEL_ROUTERS ]]; then IFS=',' read -r -a ROUTERS <<<"$SEL_ROUTERS"; else ROUTERS=("${DEFAULT_ROUTERS[@]}"); fi
+is_known_router() { local r; for r in "${ALL_ROUTERS[@]}"; do [[ $r == "$1" ]] && return 0; done; return 1; }
+NEED_PEERS=0
+for r in "${ROUTERS[@]}"; do
+  base=${r%@*}
+  is_known_router "$base" || die "unknown router '$r' (known: ${ALL_ROUTERS[*]}, or NAME@N)"
+  if [[ $r == *@* ]]; then [[ ${r#*@} =~ ^[1-9][0-9]*$ ]] || die "router '$r': N in NAME@N must be a positive integer"; fi
+  case $base in rr|vllm-*|smg) NEED_PEERS=1 ;; esac
+done
+
+# The peers' venv (created when a selected peer's binary is missing).
+VLLM_ROUTER=$PEERS_VENV/bin/vllm-router
+SMG=$PEERS_VENV/bin/smg
+if ((NEED_PEERS)) && { [[ ! -x $VLLM_ROUTER ]] || [[ ! -x $SMG ]]; }; then
+  log "creating the peers' venv at $PEERS_VENV (${PEER_PINS[*]})"
+  if [[ ! -x $PEERS_VENV/bin/pip ]]; then
+    "$PY" -m venv "$PEERS_VENV" || die "'$PY -m venv $PEERS_VENV' failed (Debian: apt-get install python3-venv)"
+  fi
+  "$PEERS_VENV/bin/pip" install --quiet "${PEER_PINS[@]}" || die "pip install ${PEER_PINS[*]} into $PEERS_VENV failed"
+  [[ -x $VLLM_ROUTER ]] || die "vllm-router missing from $PEERS_VENV/bin after installing vllm-router"
+  [[ -x $SMG ]] || die "smg missing from $PEERS_VENV/bin after installing sglang-router"
+fi
+
+mkdir -p "$OUT/raw" "$OUT/logs"
+OUT=$(cd "$OUT" && pwd)
+: >"$OUT/commands.log"
+: >"$OUT/status.tsv"
+{ echo "workloads: ${WORKLOADS[*]}"; echo "routers: ${ROUTERS[*]}"; } >"$OUT/order.txt"
+{
+  echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)  host: $(uname -sr), $(nproc) cores"
+  echo "kvgate: $KVGATE ($(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo '?')$(git -C "$ROOT" diff --quiet 2>/dev/null || echo ', dirty tree'))"
+  if ((NEED_PEERS)); then
+    echo "peers: $("$PEERS_VENV/bin/python" -m pip list 2>/dev/null | awk '$1=="vllm-router"||$1=="sglang-router"{printf "%s==%s ", $1, $2}')"
+  fi
+  echo "fleet: kvgate sim ${FLEET_FLAGS[*]} (+ per-workload sim flags)"
+  echo "bench: kvgate bench --target NAME=URL --reset <each engine> <workload flags> ${BENCH_COMMON[*]}"
+  echo "repeats: $REPEATS (router order alternates), quick: $QUICK"
+} >"$OUT/meta.txt"
+
+status() { printf '%s\t%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$4" "${5:-}" >>"$OUT/status.tsv"; }
+skip() { log "SKIP $1${2:+ / $2}: $4"; status "$1" "${2:--}" "${3:--}" skipped "$4"; }
+
+# bench_row_problem BENCH_FLAGS... : prints why the bench cannot run these flags (empty: fine).
+bench_row_problem() {
+  local -a f=("$@")
+  local i a
+  for ((i = 0; i < ${#f[@]}; i++)); do
+    a=${f[i]}
+    [[ $a == --* ]] || continue
+    if ! grep -Eq -- "(^|[^[:alnum:]-])${a%%=*}([^[:alnum:]-]|$)" <<<"$BENCH_HELP"; then
+      echo "kvgate bench has no ${a%%=*} flag"; return
+    fi
+    if [[ $a == --workload ]] && ! grep -Eqw -- "${f[i + 1]:-}" <<<"$BENCH_HELP"; then
+      echo "kvgate bench has no '${f[i + 1]}' workload"; return
+    fi
+    if [[ $a == --trace && ! -f ${f[i + 1]:-} ]]; then
+      echo "trace file ${f[i + 1]} not found"; return
+    fi
+  done
+}
+
+# ---------------------------------------------------------------- the fleet
+SIM_PID=""
+SIM_URLS=()
+SIM_EVENTS=()
+SIM_REPLAY=()
+MODEL=""
+
+start_fleet() {
+  local wl=$1; shift
+  local logf="$OUT/logs/sim-$wl.log" n http replay i
+  merge_flags "${FLEET_FLAGS[@]}" ::: "$@"
+  local -a flags=("${MERGED[@]}")
+  n=4
+  for ((i = 0; i < ${#flags[@]}; i++)); do [[ ${flags[i]} == --instances ]] && n=${flags[i + 1]:-4}; done
+  free_ports "$n"; http=$PORT_BASE
+  free_ports "$n"; replay=$PORT_BASE
+  # Events: port 0 makes every engine bind its own ephemeral loopback port (a named host
+  # would connect instead of bind); the bound ports are read back from the sim's log.
+  start_bg "$logf" env NO_COLOR=1 KVGATE_LOG=info "$KVGATE" sim "${flags[@]}" --host 127.0.0.1 --port "$http" \
+    --kv-events-endpoint tcp://127.0.0.1:0 --kv-events-replay-endpoint "tcp://127.0.0.1:$replay"
+  SIM_PID=$LAST_PID
+  SIM_URLS=(); SIM_REPLAY=()
+  for ((i = 0; i < n; i++)); do
+    SIM_URLS+=("http://127.0.0.1:$((http + i))")
+    SIM_REPLAY+=("tcp://127.0.0.1:$((replay + i))")
+    wait_http "${SIM_URLS[i]}/v1/models" "$SIM_PID" "$logf" "sim instance $i" || return 1
+  done
+  local deadline=$((SECONDS + 30)) events
+  while :; do
+    events=$("$PY" - "$logf" "$n" <<'EOF'
+import re, sys
+path, n = sys.argv[1], int(sys.argv[2])
+found = {}
+for line in open(path, errors="replace"):
+    line = re.sub(r"\x1b\[[0-9;]*m", "", line)
+    if "kvgate sim listening" not in line:
+        continue
+    m = re.search(r"instance\W+(\d+)", line)
+    ep = re.search(r"tcp://[0-9.]+:\d+", line)
+    if m and ep:
+        found[int(m.group(1))] = ep.group(0)
+if all(i in found for i in range(n)):
+    print(" ".join(found[i] for i in range(n)))
+EOF
+    )
+    [[ -n $events ]] && break
+    ((SECONDS < deadline)) || { echo "could not read the KV event ports from $logf" >&2; return 1; }
+    sleep 0.2
+  done
+  read -r -a SIM_EVENTS <<<"$events"
+  MODEL=$(curl -fsS -m 5 "${SIM_URLS[0]}/v1/models" | "$PY" -c 'import json,sys; print(json.load(sys.stdin)["data"][0]["id"])') \
+    || { echo "could not read the model from ${SIM_URLS[0]}/v1/models" >&2; return 1; }
+  log "fleet for $wl: ${SIM_URLS[*]} events ${SIM_EVENTS[*]} model $MODEL"
+}
+
+stop_fleet() { [[ -n $SIM_PID ]] && stop_pid "$SIM_PID"; SIM_PID=""; }
+
+# ---------------------------------------------------------------- routers
+# start_one BASE LOGPREFIX : starts one instance of router BASE; appends its URL to R_URLS
+# and its Prometheus URL to R_METRICS.
+R_PIDS=()
+R_URLS=()
+R_METRICS=()
+start_one() {
+  local base=$1 logf="$2.log" port admin prom i ready metrics
+  local -a cmd=() eps=()
+  case $base in
+    rr|vllm-kv|vllm-cache)
+      free_ports 2; port=$PORT_BASE; prom=$((port + 1))
+      cmd=("$VLLM_ROUTER" --host 127.0.0.1 --port "$port" --prometheus-host 127.0.0.1 --prometheus-port "$prom"
+        --worker-urls "${SIM_URLS[@]}" --worker-startup-check-interval 1 --log-level warning)
+      case $base in
+        rr) cmd+=(--policy round_robin) ;;
+        vllm-cache) cmd+=(--policy cache_aware) ;;
+        vllm-kv)
+          cmd+=(--policy kv_aware --kv-event-block-size 16 --kv-event-model "$MODEL")
+          for ((i = 0; i < ${#SIM_URLS[@]}; i++)); do
+            cmd+=(--kv-event-source "${SIM_URLS[i]}=${SIM_EVENTS[i]}" --kv-event-replay-source "${SIM_URLS[i]}=${SIM_REPLAY[i]}")
+          done ;;
+      esac
+      ready="http://127.0.0.1:$port/v1/models"; metrics="http://127.0.0.1:$prom/metrics" ;;
+    smg)
+      free_ports 2; port=$PORT_BASE; prom=$((port + 1))
+      cmd=("$SMG" launch --host 127.0.0.1 --port "$port" --prometheus-host 127.0.0.1 --prometheus-port "$prom"
+        --worker-urls "${SIM_URLS[@]}" --policy cache_aware --worker-startup-check-interval 1
+        --shutdown-grace-period-secs 1 --log-level warn)
+      ready="http://127.0.0.1:$port/v1/models"; metrics="http://127.0.0.1:$prom/metrics" ;;
+    *)
+      local mode=precise
+      case $base in
+        kvgate) ;;
+        kvgate-approx) mode=approx ;;
+        *) mode=${VARIANT_MODE[$base]} ;;
+      esac
+      free_ports 2; port=$PORT_BASE; admin=$((port + 1))
+      for ((i = 0; i < ${#SIM_URLS[@]}; i++)); do
+        if [[ $mode == precise ]]; then
+          eps+=(--endpoint "${SIM_URLS[i]},kv=${SIM_EVENTS[i]},replay=${SIM_REPLAY[i]}")
+        else
+          eps+=(--endpoint "${SIM_URLS[i]}")
+        fi
+      done
+      cmd=(env NO_COLOR=1 KVGATE_LOG=warn "$KVGATE" serve --listen "127.0.0.1:$port" --admin-listen "127.0.0.1:$admin"
+        "${eps[@]}" --tokenizer "$MODEL=$TOKENIZER_DIR")
+      if [[ -n ${VARIANT_FILE[$base]:-} ]]; then cmd+=(--config "${VARIANT_FILE[$base]}"); fi
+      ready="http://127.0.0.1:$admin/ready"; metrics="http://127.0.0.1:$admin/metrics" ;;
+  esac
+  start_bg "$logf" "${cmd[@]}"
+  R_PIDS+=("$LAST_PID")
+  wait_http "$ready" "$LAST_PID" "$logf" "$base" || return 1
+  # The proxy port must answer too (for kvgate, /ready is on the admin port).
+  wait_http "http://127.0.0.1:$port/v1/models" "$LAST_PID" "$logf" "$base" || return 1
+  R_URLS+=("http://127.0.0.1:$port")
+  R_METRICS+=("$metrics")
+}
+
+stop_router() {
+  local pid
+  for pid in "${R_PIDS[@]}"; do stop_pid "$pid"; done
+  R_PIDS=(); R_URLS=(); R_METRICS=()
+}
+
+# run_one WORKLOAD ROUTER REPEAT BENCH_FLAGS... : fresh router, reset, bench, stop.
+run_one() {
+  local wl=$1 router=$2 rep=$3; shift 3
+  local base=${router%@*} n=1 i dir="$OUT/raw/$wl/$router/rep$rep" logp="$OUT/logs/$wl.$router.rep$rep"
+  [[ $router == *@* ]] && n=${router#*@}
+  rm -rf "$dir"
+  R_PIDS=(); R_URLS=(); R_METRICS=()
+  for ((i = 0; i < n; i++)); do
+    if ! start_one "$base" "$logp.$i"; then
+      stop_router
+      log "FAIL $wl / $router rep $rep: router did not start (log $logp.$i.log)"
+      status "$wl" "$router" "$rep" failed "router did not start, see logs/$(basename "$logp").$i.log"
+      return 0
+    fi
+  done
+  sleep 1 # KV-event subscriptions connect, load scrapes start
+  local target
+  target=$(IFS=${MULTI_SEP:-,}; echo "${R_URLS[*]}")
+  local -a resets=()
+  for u in "${SIM_URLS[@]}"; do resets+=(--reset "$u"); done
+  local -a cmd=("$KVGATE" bench --target "$router=$target" "${resets[@]}" --model "$MODEL" "$@" "${BENCH_COMMON[@]}" --out "$dir")
+  printf '%q ' "${cmd[@]}" >>"$OUT/commands.log"; echo >>"$OUT/commands.log"
+  local t0=$SECONDS bench_ok=0 bench_pid
+  # In the background, so a signal reaches the trap (and stops the bench) at once.
+  "${cmd[@]}" >"$logp.bench.log" 2>&1 </dev/null &
+  bench_pid=$!
+  PIDS+=("$bench_pid")
+  if wait "$bench_pid"; then bench_ok=1; fi
+  stop_pid "$bench_pid"
+  if ((bench_ok)) && [[ -f $dir/results.json ]]; then
+    log "$wl / $router rep $rep ($((SECONDS - t0))s): $("$PY" "$SCRIPTS/peers_table.py" --one "$dir/results.json")"
+    status "$wl" "$router" "$rep" ok
+  else
+    log "FAIL $wl / $router rep $rep: kvgate bench failed; last lines of $logp.bench.log:"
+    tail -n 5 "$logp.bench.log" >&2
+    status "$wl" "$router" "$rep" failed "kvgate bench failed, see logs/$(basename "$logp").bench.log"
+  fi
+  # Each router's own metrics after the run (KV events received, decisions, ...).
+  for ((i = 0; i < ${#R_METRICS[@]}; i++)); do
+    curl -fsS -m 5 "${R_METRICS[i]}" >"$logp.$i.metrics.txt" 2>/dev/null || rm -f "$logp.$i.metrics.txt"
+  done
+  stop_router
+}
+
+# ---------------------------------------------------------------- main loop
+log "output: $OUT; workloads: ${WORKLOADS[*]}; routers: ${ROUTERS[*]}; repeats: $REPEATS"
+for wl in "${WORKLOADS[@]}"; do
+  IFS='|' read -r _ sim_flags bench_flags quick_flags <<<"${ROW_BY_NAME[$wl]}"
+  ((QUICK)) && [[ -n $quick_flags ]] && bench_flags=$quick_flags
+  read -r -a SIM_ROW <<<"$sim_flags"
+  read -r -a BENCH_ROW <<<"$bench_flags"
+  problem=$(bench_row_problem "${BENCH_ROW[@]}")
+  if [[ -n $problem ]]; then skip "$wl" "" "" "$problem"; continue; fi
+  runnable=()
+  for r in "${ROUTERS[@]}"; do
+    if [[ $r == *@* && -z $MULTI_SEP ]]; then
+      skip "$wl" "$r" "" "kvgate bench has no multi-URL targets (NAME=URL1,URL2) yet"
+    else
+      runnable+=("$r")
+    fi
+  done
+  ((${#runnable[@]})) || continue
+  if ! start_fleet "$wl" "${SIM_ROW[@]}"; then
+    stop_fleet
+    skip "$wl" "" "" "the sim fleet did not start (logs/sim-$wl.log)"
+    continue
+  fi
+  for ((rep = 1; rep <= REPEATS; rep++)); do
+    order=("${runnable[@]}")
+    if ((rep % 2 == 0)); then
+      order=()
+      for ((i = ${#runnable[@]} - 1; i >= 0; i--)); do order+=("${runnable[i]}"); done
+    fi
+    for r in "${order[@]}"; do
+      if ! kill -0 "$SIM_PID" 2>/dev/null; then
+        status "$wl" "$r" "$rep" failed "the sim fleet died (logs/sim-$wl.log)"
+        continue
+      fi
+      run_one "$wl" "$r" "$rep" "${BENCH_ROW[@]}"
+    done
+  done
+  stop_fleet
+done
+
+"$PY" "$SCRIPTS/peers_table.py" "$OUT"
+log "wrote $OUT/summary.md, $OUT/summary.json, raw reports in $OUT/raw/"
