@@ -1,18 +1,26 @@
-//! `prefill-cost-scorer`: prefers the endpoint where this request's prompt is computed
-//! soonest, in one physical unit: prefill tokens.
+//! `prefill-cost-scorer`: prefers the endpoint where this request costs least, in one physical
+//! unit: tokens.
 //!
 //! Per candidate `w`, with `N` the prompt's tokens and `C_w` the cached tokens the prefix
 //! scorer placed before this one predicted there:
 //! - `P_w = max(1, N − min(C_w, N − 1))`: the uncached tokens this request brings (the engine
-//!   always computes the last prompt token);
+//!   always computes the last prompt token). They are prefill work, and KV the engine must
+//!   allocate: on a full cache, that many tokens of other prefixes are evicted;
 //! - `Q_w`: the prefill tokens already queued or running there: the uncached tokens of the
 //!   requests this router dispatched and that have not sent their first byte yet, plus, when
 //!   the engine's scraped `waiting` count is larger than this router's own prefilling
 //!   requests (other routers send there too), the difference × the mean uncached tokens of
 //!   this router's pending requests there (or `P_w` when there are none);
-//! - `cost_w = Q_w + P_w`, × `(R_w + 1)` (requests in flight, the larger of this router's
-//!   count and the scraped running + waiting) when `in_flight_multiplier` is on
-//!   (vllm-router's kv_aware shape).
+//! - `D_w`: prompt tokens of the requests decoding there (KV held);
+//! - `cost_w = Q_w + P_w` (when its prompt is computed: time to first token, in tokens)
+//!   `+ new_kv_weight · P_w` (the KV it allocates) `+ decode_kv_weight · D_w`, × `(R_w + 1)`
+//!   (requests in flight, the larger of this router's count and the scraped running + waiting)
+//!   when `in_flight_multiplier` is on (vllm-router's kv_aware shape). With the defaults
+//!   this is Dynamo's shape without its decode-load term: prefill blocks + new blocks.
+//!
+//! Counting the allocation matters when costs are otherwise close: a burst sibling of a
+//! request still prefilling costs `Q + 1` on that engine and about `N` on an idle one; prefill
+//! time alone calls that even, the allocation keeps the sibling with the prefix being computed.
 //!
 //! The score is `min_w cost / cost_w` (the cheapest scores 1), so in a profile of its own the
 //! max-score picker takes the cheapest. Equal costs are ordered by the keys this scorer
@@ -26,6 +34,8 @@
 //! balances queued prefill work. Without a prompt length (`N` unknown) `P_w` is 1.
 //!
 //! Parameters:
+//! - `new_kv_weight` (default 1.0, ≥ 0): weight of the KV the request allocates.
+//! - `decode_kv_weight` (default 0.0, ≥ 0): weight of the KV of requests decoding there.
 //! - `in_flight_multiplier` (default false): multiply the cost by `R_w + 1`.
 //! - `scraped_queue` (default true): add queued work other routers sent, from `/metrics`.
 //!
@@ -36,7 +46,7 @@
 //! ```yaml
 //! - type: precise-prefix-cache-scorer
 //! - type: prefill-cost-scorer
-//!   parameters: { in_flight_multiplier: false, scraped_queue: true }
+//!   parameters: { new_kv_weight: 1.0, decode_kv_weight: 0.0, in_flight_multiplier: false, scraped_queue: true }
 //! profiles:
 //!   - name: default
 //!     plugins:
@@ -54,9 +64,13 @@ use crate::load::LoadSnapshot;
 use crate::plugins::{Built, Registration, params};
 
 /// Parameters of `prefill-cost-scorer`.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct PrefillCostScorerConfig {
+    /// Weight of the KV the request allocates (its uncached tokens) against its prefill.
+    pub new_kv_weight: f64,
+    /// Weight of the KV held by requests decoding there.
+    pub decode_kv_weight: f64,
     /// Multiply the cost by the in-flight requests + 1.
     pub in_flight_multiplier: bool,
     /// Count queued requests other routers sent (scraped `waiting` beyond this router's own).
@@ -66,6 +80,8 @@ pub struct PrefillCostScorerConfig {
 impl Default for PrefillCostScorerConfig {
     fn default() -> Self {
         PrefillCostScorerConfig {
+            new_kv_weight: 1.0,
+            decode_kv_weight: 0.0,
             in_flight_multiplier: false,
             scraped_queue: true,
         }
@@ -99,8 +115,19 @@ impl PrefillCostScorer {
     /// Builds the scorer.
     ///
     /// # Errors
-    /// Never; the signature matches every plugin's.
+    /// [`ConfigError::InvalidParameter`] for a negative or non-finite weight.
     pub fn new(config: PrefillCostScorerConfig) -> Result<PrefillCostScorer, ConfigError> {
+        for (parameter, v) in [
+            ("new_kv_weight", config.new_kv_weight),
+            ("decode_kv_weight", config.decode_kv_weight),
+        ] {
+            if !v.is_finite() || v < 0.0 {
+                return Err(ConfigError::InvalidParameter {
+                    parameter,
+                    reason: format!("{v} is not a finite number >= 0"),
+                });
+            }
+        }
         Ok(PrefillCostScorer { config })
     }
 
@@ -126,7 +153,9 @@ impl PrefillCostScorer {
             let scraped = c.waiting.unwrap_or(0.0) + c.running.unwrap_or(0.0);
             in_flight = in_flight.max(scraped);
         }
-        let mut cost = queued + new;
+        let mut cost = queued
+            + new * (1.0 + self.config.new_kv_weight)
+            + load.decode_tokens as f64 * self.config.decode_kv_weight;
         if self.config.in_flight_multiplier {
             cost *= in_flight + 1.0;
         }
@@ -171,8 +200,8 @@ impl Scorer for PrefillCostScorer {
 
 pub(crate) const REGISTRATION: Registration = Registration {
     type_name: PrefillCostScorer::TYPE,
-    description: "prefers the endpoint with the least prefill work: queued + this request's uncached tokens",
-    example: "{ in_flight_multiplier: false, scraped_queue: true }",
+    description: "prefers the endpoint where the request costs least in tokens: queued + uncached prefill + the KV it allocates",
+    example: "{ new_kv_weight: 1.0, decode_kv_weight: 0.0, in_flight_multiplier: false, scraped_queue: true }",
     build: |p, _| {
         Ok(Built::Scorer(std::sync::Arc::new(PrefillCostScorer::new(
             params(p)?,

@@ -6,8 +6,11 @@ use crate::framework::Picker;
 use crate::plugins::pickers::max_score_picker::{MaxScorePicker, MaxScorePickerConfig};
 use crate::test_util::{Fresh, ep, facts, setup};
 
+/// Prefill tokens only (no KV terms), with the two switches.
 fn scorer(in_flight_multiplier: bool, scraped_queue: bool) -> PrefillCostScorer {
     PrefillCostScorer::new(PrefillCostScorerConfig {
+        new_kv_weight: 0.0,
+        decode_kv_weight: 0.0,
         in_flight_multiplier,
         scraped_queue,
     })
@@ -192,6 +195,67 @@ fn cost_table() {
     for (name, input, mult, scraped, want) in rows {
         assert_eq!(scorer(mult, scraped).cost(&input), want, "{name}");
     }
+}
+
+/// The KV terms, one weight flipped per row, on 600 cached of 1000 with 200 queued and 300
+/// decode tokens.
+#[test]
+fn kv_terms_table() {
+    let mut l = load(2, 1, 200);
+    l.decode_tokens = 300;
+    let input = CostInput {
+        prompt: Some(1000),
+        cached: 600,
+        load: l,
+        waiting: None,
+        running: None,
+    };
+    let rows = [
+        ("prefill only", 0.0, 0.0, 600.0),
+        ("default: + the KV it allocates", 1.0, 0.0, 1000.0),
+        ("+ decode KV", 0.0, 1.0, 900.0),
+        ("both, halved", 0.5, 0.5, 950.0),
+    ];
+    for (name, new_kv_weight, decode_kv_weight, want) in rows {
+        let s = PrefillCostScorer::new(PrefillCostScorerConfig {
+            new_kv_weight,
+            decode_kv_weight,
+            ..PrefillCostScorerConfig::default()
+        })
+        .unwrap();
+        assert_eq!(s.cost(&input), want, "{name}");
+    }
+    for bad in [-1.0, f64::NAN, f64::INFINITY] {
+        let e = PrefillCostScorer::new(PrefillCostScorerConfig {
+            decode_kv_weight: bad,
+            ..PrefillCostScorerConfig::default()
+        })
+        .unwrap_err();
+        assert!(e.to_string().contains("decode_kv_weight"), "{e}");
+    }
+}
+
+/// A sibling of a request still prefilling: the holder costs its queue + 1 token, another
+/// engine the whole prompt. Prefill alone calls it nearly even and picks the idle engine
+/// (duplicating the prefix); counting the KV it allocates keeps it with its sibling.
+#[test]
+fn a_burst_sibling_joins_the_engine_computing_its_prefix() {
+    let holder = CostInput {
+        prompt: Some(512),
+        cached: 512,
+        load: load(1, 1, 512),
+        waiting: None,
+        running: None,
+    };
+    let idle = CostInput {
+        cached: 0,
+        load: LoadSnapshot::default(),
+        ..holder
+    };
+    let prefill_only = scorer(false, true);
+    assert!(prefill_only.cost(&holder) > prefill_only.cost(&idle));
+    let default = PrefillCostScorer::new(PrefillCostScorerConfig::default()).unwrap();
+    assert!(default.cost(&holder) < default.cost(&idle));
 }
 
 fn facts_with_prompt(n: u64) -> RequestFacts {
