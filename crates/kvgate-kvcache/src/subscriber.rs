@@ -1,8 +1,11 @@
 //! ZMQ ingestion: one SUB socket (and task) per endpoint, sequence tracking, DEALER replay.
 //!
 //! Live frames are `[topic, seq (8 bytes BE), payload]`. Per endpoint:
-//! - the first message triggers a replay from 0 when a replay endpoint is configured (warm
-//!   start; also covers the PUB/SUB slow-joiner loss);
+//! - on connecting, before the first live message, everything the engine retains is replayed
+//!   from 0 when a replay endpoint is configured (warm start: a restarted router has its index
+//!   back before the engine's next event); live batches queued meanwhile are deduplicated.
+//!   Without that, the first message triggers the replay from 0 (also covers the PUB/SUB
+//!   slow-joiner loss);
 //! - a gap replays `[expected, seq)` through a DEALER, applied in order and deduplicated; a gap
 //!   that cannot be filled marks the endpoint degraded (gauge + WARN);
 //! - a sequence going backwards is an engine restart: the endpoint's holdings are dropped
@@ -223,6 +226,9 @@ impl EndpointTask {
                 }
             }
             tracing::info!(endpoint = %endpoint, url = %self.source.kv_events, "kv events connected");
+            if seq.is_fresh() && self.source.replay.is_some() {
+                self.warm(&mut seq, &cancel).await;
+            }
             loop {
                 tokio::select! {
                     _ = cancel.cancelled() => return,
@@ -266,6 +272,7 @@ impl EndpointTask {
         let label = self.slot.label.clone();
         match tracker.step(seq) {
             SeqStep::InOrder => {}
+            SeqStep::Duplicate => return,
             SeqStep::First => {
                 if seq > 0 && self.source.replay.is_some() {
                     self.fill(0, seq, cancel).await;
@@ -288,6 +295,33 @@ impl EndpointTask {
         }
         self.apply(seq, &payload);
         tracker.advance(seq);
+    }
+
+    /// Warm start: replays everything the engine retains, from 0, before the first live
+    /// message. An empty or failed replay leaves the tracker fresh (the first live message
+    /// then replays `[0, seq)` as before).
+    async fn warm(&mut self, tracker: &mut SeqTracker, cancel: &CancellationToken) {
+        let Some(url) = self.source.replay.clone() else {
+            return;
+        };
+        let (idle, total) = (
+            self.config.replay_idle_timeout,
+            self.config.replay_total_timeout,
+        );
+        let mut last = None;
+        let outcome = tokio::select! {
+            _ = cancel.cancelled() => return,
+            o = replay::replay(&url, 0, replay::END_SEQ, idle, total, |s, p| {
+                self.apply(s, p);
+                last = Some(s);
+            }) => o,
+        };
+        let label = self.slot.label.clone();
+        if let Some(last) = last {
+            tracker.replayed_through(last);
+            self.slot.metrics.replay_ok.inc();
+            tracing::info!(endpoint = %label, until = last + 1, outcome = ?outcome, "kv events replayed on connect (warm start)");
+        }
     }
 
     /// Replays `[from, until)` if possible; marks the endpoint degraded when it cannot.

@@ -402,3 +402,54 @@ async fn malformed_frames_are_counted_not_fatal() {
     .await;
     sub.shutdown().await;
 }
+
+/// A router (re)started while the engine is quiet: what the engine retains is replayed on
+/// connect, before any new live event, and later live batches continue without a gap.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connect_replays_retained_history_before_the_next_event() {
+    let mut reg = Registry::default();
+    let ix = KvIndex::new(IndexConfig::default(), KvMetrics::new(&mut reg));
+    let mut p = Publisher::bind().await;
+    let replay_url = p.spawn_replay().await;
+    // History published before any subscriber exists: nobody receives it live.
+    let n = 6;
+    for seq in 0..n {
+        p.publish(seq, batch(0, seq, seq == 0), false).await;
+    }
+    let source = EndpointSource {
+        spec: spec(),
+        kv_events: p.url.clone(),
+        replay: Some(replay_url),
+        topic: "kv@".into(),
+    };
+    let sub = KvEventSubscriber::spawn(
+        SubscriberConfig::default(),
+        vec![source],
+        ix.clone(),
+        CancellationToken::new(),
+    )
+    .unwrap();
+    let ep = ix.endpoint_id(&spec().key).unwrap();
+    let history: Vec<Vec<u8>> = (0..n).map(|s| batch(0, s, s == 0)).collect();
+    let want = expected_blocks(&history);
+    wait_for("retained history replayed without a new event", || {
+        ix.endpoint_blocks(ep) == want
+    })
+    .await;
+    // The next live batches follow on: no gap, no restart.
+    let deadline = Instant::now() + DEADLINE;
+    let mut seq = n;
+    while ix.holdings(ep) as u64 <= n {
+        assert!(Instant::now() < deadline, "live batches never applied");
+        p.publish(seq, batch(0, seq, false), false).await;
+        seq += 1;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let ep_label = "{endpoint=\"127.0.0.1:8000#0\"}";
+    assert_eq!(
+        metric(&reg, &format!("kvgate_kv_restarts_total{ep_label}")),
+        Some(0.0)
+    );
+    assert!(!ix.is_degraded(ep));
+    sub.shutdown().await;
+}

@@ -20,12 +20,17 @@ pub(crate) enum SeqStep {
     Gap { expected: u64 },
     /// The sequence went backwards: the publisher restarted.
     Reset { expected: u64 },
+    /// A live batch a warm replay already applied.
+    Duplicate,
 }
 
 /// Per-stream sequence tracker.
 #[derive(Debug, Default)]
 pub(crate) struct SeqTracker {
     expected: Option<u64>,
+    /// After a warm replay up to `R`: live batches below `R + 1` that were queued on the SUB
+    /// socket while the replay ran are duplicates, until the first live batch at or above it.
+    replayed_below: Option<u64>,
 }
 
 impl SeqTracker {
@@ -34,12 +39,27 @@ impl SeqTracker {
             None => SeqStep::First,
             Some(e) if seq == e => SeqStep::InOrder,
             Some(e) if seq > e => SeqStep::Gap { expected: e },
+            Some(_) if self.replayed_below.is_some_and(|r| seq < r) => SeqStep::Duplicate,
             Some(e) => SeqStep::Reset { expected: e },
         }
     }
 
     pub(crate) fn advance(&mut self, seq: u64) {
         self.expected = Some(seq.wrapping_add(1));
+        if self.replayed_below.is_some_and(|r| seq >= r) {
+            self.replayed_below = None;
+        }
+    }
+
+    /// True before any batch was applied.
+    pub(crate) fn is_fresh(&self) -> bool {
+        self.expected.is_none()
+    }
+
+    /// A warm replay applied every batch up to `last`.
+    pub(crate) fn replayed_through(&mut self, last: u64) {
+        self.expected = Some(last.wrapping_add(1));
+        self.replayed_below = Some(last.wrapping_add(1));
     }
 }
 
@@ -87,7 +107,7 @@ pub(crate) fn seq_of(frame: &[u8]) -> Option<u64> {
 }
 
 /// Requests batches `[from, until)` from a replay ROUTER and hands each one, in order and
-/// deduplicated, to `apply`.
+/// deduplicated, to `apply`. `until == END_SEQ` asks for everything the publisher retains.
 pub(crate) async fn replay(
     endpoint: &str,
     from: u64,
@@ -138,7 +158,8 @@ pub(crate) async fn replay(
         };
         match parse_reply(msg) {
             Ok(None) => {
-                return if next >= until && !partial {
+                // `until == END_SEQ`: everything retained was asked for, the marker ends it.
+                return if (next >= until || until == END_SEQ) && !partial {
                     ReplayOutcome::Complete
                 } else {
                     ReplayOutcome::Partial
