@@ -129,9 +129,10 @@ pub struct CycleState {
 }
 
 /// A candidate's tie-break key, lower is better; compared lexicographically. Scorers that
-/// know how to order equal scores (the cost scorer: fewest decode tokens, then least recently
+/// know how to order equal scores (the cost scorer: fewest uncached tokens, fewest decode
+/// tokens, then least recently
 /// picked) record one per candidate with [`CycleState::record_tie_break`].
-pub type TieKey = (u64, u64);
+pub type TieKey = (u64, u64, u64);
 
 impl CycleState {
     /// A cycle for `facts` evaluated at `now` (metrics staleness, health).

@@ -117,7 +117,12 @@ mod tests {
 
     #[test]
     fn tie_break_keys_order_equal_totals() {
-        type Row = (&'static str, Vec<f64>, Option<Vec<(u64, u64)>>, Vec<usize>);
+        type Row = (
+            &'static str,
+            Vec<f64>,
+            Option<Vec<(u64, u64, u64)>>,
+            Vec<usize>,
+        );
         let p = MaxScorePicker::new(MaxScorePickerConfig::default()).unwrap();
         let cases: Vec<Row> = vec![
             (
@@ -129,31 +134,31 @@ mod tests {
             (
                 "first key decides",
                 vec![1.0, 1.0, 0.5],
-                Some(vec![(5, 0), (3, 9), (0, 0)]),
+                Some(vec![(0, 5, 0), (0, 3, 9), (0, 0, 0)]),
                 vec![1],
             ),
             (
                 "second key decides",
                 vec![1.0, 1.0, 0.5],
-                Some(vec![(3, 7), (3, 2), (0, 0)]),
+                Some(vec![(0, 3, 7), (0, 3, 2), (0, 0, 0)]),
                 vec![1],
             ),
             (
                 "equal keys: random",
                 vec![1.0, 1.0],
-                Some(vec![(3, 2), (3, 2)]),
+                Some(vec![(0, 3, 2), (0, 3, 2)]),
                 vec![0, 1],
             ),
             (
                 "keys never beat a higher total",
                 vec![0.9, 1.0],
-                Some(vec![(0, 0), (9, 9)]),
+                Some(vec![(0, 0, 0), (0, 9, 9)]),
                 vec![1],
             ),
             (
                 "keys of the wrong length ignored",
                 vec![1.0, 1.0],
-                Some(vec![(0, 0)]),
+                Some(vec![(0, 0, 0)]),
                 vec![0, 1],
             ),
         ];

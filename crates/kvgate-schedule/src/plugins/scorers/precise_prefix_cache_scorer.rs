@@ -132,6 +132,16 @@ impl Scorer for PrecisePrefixCacheScorer {
             scores,
             &mut matched,
         );
+        // When only a prefix of the prompt was tokenized (the rest cannot change the match),
+        // the fraction is of the whole prompt: scale by the tokenized share.
+        let facts = cycle.facts();
+        if let (Some(total), Some(t)) = (facts.prompt_tokens, &facts.tokens)
+            && total > t.ids.len() as u64
+            && out == ScoreOutcome::Scored
+        {
+            let share = t.ids.len() as f64 / total as f64;
+            scores.iter_mut().for_each(|s| *s *= share);
+        }
         if out == ScoreOutcome::Scored && self.weight > 0.0 {
             for (s, m) in scores.iter_mut().zip(&matched) {
                 let len = (*m as f64 / self.scale).min(1.0);

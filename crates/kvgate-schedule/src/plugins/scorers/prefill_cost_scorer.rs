@@ -11,21 +11,32 @@
 //!   the engine's scraped `waiting` count is larger than this router's own prefilling
 //!   requests (other routers send there too), the difference × the mean uncached tokens of
 //!   this router's pending requests there (or `P_w` when there are none);
-//! - `D_w`: prompt tokens of the requests decoding there (KV held);
+//! - `U_w`: the uncached tokens of every request in flight there (prefilling or decoding):
+//!   the KV they allocated, held until they finish (shared cached prefixes are not counted,
+//!   so requests of one conversation group do not count their common prefix again);
 //! - `cost_w = Q_w + P_w` (when its prompt is computed: time to first token, in tokens)
-//!   `+ new_kv_weight · P_w` (the KV it allocates) `+ decode_kv_weight · D_w`, × `(R_w + 1)`
-//!   (requests in flight, the larger of this router's count and the scraped running + waiting)
-//!   when `in_flight_multiplier` is on (vllm-router's kv_aware shape). With the defaults
-//!   this is Dynamo's shape without its decode-load term: prefill blocks + new blocks.
+//!   `+ new_kv_weight · P_w` (the KV it allocates) `+ active_kv_weight · U_w` (the KV in use
+//!   by requests in flight) `+ kv_overflow_weight · max(0, U_w + P_w − K_w)` (KV beyond the
+//!   engine's capacity `K_w`, scraped `num_gpu_blocks × block_size`: requests that must wait
+//!   for blocks or be preempted and recomputed), × `(R_w + 1)` (requests in flight, the
+//!   larger of this router's count and the scraped running + waiting) when
+//!   `in_flight_multiplier` is on (vllm-router's kv_aware shape).
 //!
-//! Counting the allocation matters when costs are otherwise close: a burst sibling of a
-//! request still prefilling costs `Q + 1` on that engine and about `N` on an idle one; prefill
-//! time alone calls that even, the allocation keeps the sibling with the prefix being computed.
+//! The KV terms matter where prefill time alone misleads. A burst sibling of a request still
+//! prefilling costs `Q + 1` there and about `N` on an idle engine: prefill time calls that
+//! even, counting the KV it allocates keeps the sibling with the prefix being computed. And
+//! many requests sharing one prefix (agents with one tool schema) each look cheap on the
+//! holder, since their prefill is small, while their own KV piles up there until the engine
+//! runs out of blocks and queues them: the overflow term moves them once their KV would no
+//! longer fit. Both only bite where they should: a sibling's KV is small, and an engine far
+//! from full pays no overflow.
 //!
 //! The score is `min_w cost / cost_w` (the cheapest scores 1), so in a profile of its own the
-//! max-score picker takes the cheapest. Equal costs are ordered by the keys this scorer
-//! records ([`crate::CycleState::record_tie_break`]): fewest decode tokens in flight, then
-//! least recently picked.
+//! max-score picker takes the cheapest. Costs within one KV block (the endpoints' index block
+//! size) of the cheapest count as equal and score 1: engines compute and cache in blocks.
+//! Equal costs are ordered by the keys this scorer records
+//! ([`crate::CycleState::record_tie_break`]): fewest uncached tokens (the placement that
+//! computes and stores less), then fewest decode tokens in flight, then least recently picked.
 //!
 //! The scorer reads the [`crate::PrefixMatch`] that a prefix scorer earlier in the same
 //! profile recorded (precise or approximate); give that scorer weight 0 so the cost alone
@@ -35,18 +46,21 @@
 //!
 //! Parameters:
 //! - `new_kv_weight` (default 1.0, ≥ 0): weight of the KV the request allocates.
-//! - `decode_kv_weight` (default 0.0, ≥ 0): weight of the KV of requests decoding there.
+//! - `active_kv_weight` (default 0.0, ≥ 0): weight of the KV allocated by requests in flight.
+//! - `kv_overflow_weight` (default 1.0, ≥ 0): weight of the KV beyond the engine's capacity
+//!   (no term while the capacity was never scraped).
 //! - `in_flight_multiplier` (default false): multiply the cost by `R_w + 1`.
 //! - `scraped_queue` (default true): add queued work other routers sent, from `/metrics`.
 //!
 //! Signals: the router's load counters ([`crate::LoadSnapshot`]), always present; scraped
-//! `waiting` when fresh. Never skipped.
+//! `waiting` and `running` when fresh; the scraped KV capacity (`vllm:cache_config_info`).
+//! Never skipped.
 //!
 //! Example:
 //! ```yaml
 //! - type: precise-prefix-cache-scorer
 //! - type: prefill-cost-scorer
-//!   parameters: { new_kv_weight: 1.0, decode_kv_weight: 0.0, in_flight_multiplier: false, scraped_queue: true }
+//!   parameters: { new_kv_weight: 1.0, active_kv_weight: 0.0, kv_overflow_weight: 1.0, in_flight_multiplier: false, scraped_queue: true }
 //! profiles:
 //!   - name: default
 //!     plugins:
@@ -69,8 +83,10 @@ use crate::plugins::{Built, Registration, params};
 pub struct PrefillCostScorerConfig {
     /// Weight of the KV the request allocates (its uncached tokens) against its prefill.
     pub new_kv_weight: f64,
-    /// Weight of the KV held by requests decoding there.
-    pub decode_kv_weight: f64,
+    /// Weight of the KV the requests in flight there allocated (their uncached tokens).
+    pub active_kv_weight: f64,
+    /// Weight of the KV beyond the engine's capacity after placing the request.
+    pub kv_overflow_weight: f64,
     /// Multiply the cost by the in-flight requests + 1.
     pub in_flight_multiplier: bool,
     /// Count queued requests other routers sent (scraped `waiting` beyond this router's own).
@@ -81,7 +97,8 @@ impl Default for PrefillCostScorerConfig {
     fn default() -> Self {
         PrefillCostScorerConfig {
             new_kv_weight: 1.0,
-            decode_kv_weight: 0.0,
+            active_kv_weight: 0.0,
+            kv_overflow_weight: 1.0,
             in_flight_multiplier: false,
             scraped_queue: true,
         }
@@ -106,6 +123,18 @@ pub(crate) struct CostInput {
     /// Fresh scraped `waiting` and `running` requests, when known.
     pub(crate) waiting: Option<f64>,
     pub(crate) running: Option<f64>,
+    /// The engine's KV capacity in tokens (scraped blocks × block size), when known.
+    pub(crate) capacity: Option<u64>,
+}
+
+impl CostInput {
+    /// `P`: the uncached tokens the request brings here, at least 1.
+    pub(crate) fn uncached(&self) -> u64 {
+        match self.prompt {
+            Some(n) if n > 0 => n - self.cached.min(n - 1),
+            _ => 1,
+        }
+    }
 }
 
 impl PrefillCostScorer {
@@ -119,7 +148,8 @@ impl PrefillCostScorer {
     pub fn new(config: PrefillCostScorerConfig) -> Result<PrefillCostScorer, ConfigError> {
         for (parameter, v) in [
             ("new_kv_weight", config.new_kv_weight),
-            ("decode_kv_weight", config.decode_kv_weight),
+            ("active_kv_weight", config.active_kv_weight),
+            ("kv_overflow_weight", config.kv_overflow_weight),
         ] {
             if !v.is_finite() || v < 0.0 {
                 return Err(ConfigError::InvalidParameter {
@@ -131,12 +161,9 @@ impl PrefillCostScorer {
         Ok(PrefillCostScorer { config })
     }
 
-    /// The cost of one candidate in prefill tokens (see the module docs); always ≥ 1.
+    /// The cost of one candidate in tokens (see the module docs); always ≥ 1.
     pub(crate) fn cost(&self, c: &CostInput) -> f64 {
-        let new = match c.prompt {
-            Some(n) if n > 0 => n - c.cached.min(n - 1),
-            _ => 1,
-        } as f64;
+        let new = c.uncached() as f64;
         let load = c.load;
         let mut queued = load.prefill_tokens as f64;
         let mut in_flight = load.requests as f64;
@@ -155,7 +182,11 @@ impl PrefillCostScorer {
         }
         let mut cost = queued
             + new * (1.0 + self.config.new_kv_weight)
-            + load.decode_tokens as f64 * self.config.decode_kv_weight;
+            + load.uncached_tokens as f64 * self.config.active_kv_weight;
+        if let Some(capacity) = c.capacity {
+            let after = (load.uncached_tokens + c.uncached()) as f64;
+            cost += (after - capacity as f64).max(0.0) * self.config.kv_overflow_weight;
+        }
         if self.config.in_flight_multiplier {
             cost *= in_flight + 1.0;
         }
@@ -179,19 +210,36 @@ impl Scorer for PrefillCostScorer {
             let (waiting, running) = e.with_metrics(now, |m| {
                 m.fresh().map_or((None, None), |m| (m.waiting, m.running))
             });
+            // Capacity does not change with time: any scrape will do, however old.
+            let capacity = e.metrics_snapshot().and_then(|s| {
+                let m = &s.metrics;
+                Some(m.num_blocks? * u64::from(m.block_size?))
+            });
             let input = CostInput {
                 prompt,
                 cached: prefix.map_or(0, |p| p.predicted_tokens(e.kv_id())),
                 load,
                 waiting,
                 running,
+                capacity,
             };
             *s = self.cost(&input);
-            ties.push((load.decode_tokens, load.last_pick));
+            ties.push((input.uncached(), load.decode_tokens, load.last_pick));
         }
+        // Costs within one KV block of the cheapest are ties: engines compute and cache in
+        // blocks, so a smaller difference says nothing.
         let min = scores.iter().copied().fold(f64::INFINITY, f64::min);
+        let tie_within = candidates
+            .iter()
+            .map(|e| e.index_block_size())
+            .max()
+            .unwrap_or(16) as f64;
         for s in scores.iter_mut() {
-            *s = min / *s;
+            *s = if *s <= min + tie_within {
+                1.0
+            } else {
+                min / *s
+            };
         }
         cycle.record_tie_break(ties);
         ScoreOutcome::Scored
@@ -200,8 +248,8 @@ impl Scorer for PrefillCostScorer {
 
 pub(crate) const REGISTRATION: Registration = Registration {
     type_name: PrefillCostScorer::TYPE,
-    description: "prefers the endpoint where the request costs least in tokens: queued + uncached prefill + the KV it allocates",
-    example: "{ new_kv_weight: 1.0, decode_kv_weight: 0.0, in_flight_multiplier: false, scraped_queue: true }",
+    description: "prefers the endpoint where the request costs least in tokens: queued + uncached prefill + its KV + KV beyond capacity",
+    example: "{ new_kv_weight: 1.0, active_kv_weight: 0.0, kv_overflow_weight: 1.0, in_flight_multiplier: false, scraped_queue: true }",
     build: |p, _| {
         Ok(Built::Scorer(std::sync::Arc::new(PrefillCostScorer::new(
             params(p)?,

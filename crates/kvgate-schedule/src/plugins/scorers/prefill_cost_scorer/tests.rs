@@ -10,7 +10,8 @@ use crate::test_util::{Fresh, ep, facts, setup};
 fn scorer(in_flight_multiplier: bool, scraped_queue: bool) -> PrefillCostScorer {
     PrefillCostScorer::new(PrefillCostScorerConfig {
         new_kv_weight: 0.0,
-        decode_kv_weight: 0.0,
+        active_kv_weight: 0.0,
+        kv_overflow_weight: 0.0,
         in_flight_multiplier,
         scraped_queue,
     })
@@ -37,6 +38,7 @@ fn cost_table() {
         load: LoadSnapshot::default(),
         waiting: None,
         running: None,
+        capacity: None,
     };
     type Row = (&'static str, CostInput, bool, bool, f64);
     let rows: Vec<Row> = vec![
@@ -197,41 +199,60 @@ fn cost_table() {
     }
 }
 
-/// The KV terms, one weight flipped per row, on 600 cached of 1000 with 200 queued and 300
-/// decode tokens.
+/// The KV terms, one weight flipped per row, on 600 cached of 1000 with 200 queued (and
+/// allocated) tokens in flight and a 1000-token cache.
 #[test]
 fn kv_terms_table() {
-    let mut l = load(2, 1, 200);
-    l.decode_tokens = 300;
     let input = CostInput {
         prompt: Some(1000),
         cached: 600,
-        load: l,
+        load: load(2, 1, 200),
         waiting: None,
         running: None,
+        capacity: Some(1000),
     };
+    // Q = 200, P = 400, U = 200; U + P = 600 fits.
     let rows = [
-        ("prefill only", 0.0, 0.0, 600.0),
-        ("default: + the KV it allocates", 1.0, 0.0, 1000.0),
-        ("+ decode KV", 0.0, 1.0, 900.0),
-        ("both, halved", 0.5, 0.5, 950.0),
+        ("prefill only", 0.0, 0.0, 0.0, None, 600.0),
+        ("+ the KV it allocates", 1.0, 0.0, 0.0, None, 1000.0),
+        ("+ KV in flight", 0.0, 1.0, 0.0, None, 800.0),
+        (
+            "overflow: fits, nothing added",
+            0.0,
+            0.0,
+            1.0,
+            Some(1000),
+            600.0,
+        ),
+        (
+            "overflow: 100 over a 500-token cache",
+            0.0,
+            0.0,
+            1.0,
+            Some(500),
+            700.0,
+        ),
+        ("overflow halved", 0.0, 0.0, 0.5, Some(500), 650.0),
+        ("capacity never scraped", 0.0, 0.0, 1.0, None, 600.0),
     ];
-    for (name, new_kv_weight, decode_kv_weight, want) in rows {
+    for (name, new_kv_weight, active_kv_weight, kv_overflow_weight, capacity, want) in rows {
         let s = PrefillCostScorer::new(PrefillCostScorerConfig {
             new_kv_weight,
-            decode_kv_weight,
+            active_kv_weight,
+            kv_overflow_weight,
             ..PrefillCostScorerConfig::default()
         })
         .unwrap();
+        let input = CostInput { capacity, ..input };
         assert_eq!(s.cost(&input), want, "{name}");
     }
     for bad in [-1.0, f64::NAN, f64::INFINITY] {
         let e = PrefillCostScorer::new(PrefillCostScorerConfig {
-            decode_kv_weight: bad,
+            kv_overflow_weight: bad,
             ..PrefillCostScorerConfig::default()
         })
         .unwrap_err();
-        assert!(e.to_string().contains("decode_kv_weight"), "{e}");
+        assert!(e.to_string().contains("kv_overflow_weight"), "{e}");
     }
 }
 
@@ -246,6 +267,7 @@ fn a_burst_sibling_joins_the_engine_computing_its_prefix() {
         load: load(1, 1, 512),
         waiting: None,
         running: None,
+        capacity: None,
     };
     let idle = CostInput {
         cached: 0,
@@ -332,4 +354,32 @@ fn ties_go_to_fewest_decode_tokens_then_least_recently_picked() {
         "least recently picked"
     );
     drop(guards);
+}
+
+/// Costs within one KV block of the cheapest are ties, ordered by fewest uncached tokens.
+#[test]
+fn costs_within_a_block_tie_and_the_smaller_computation_wins() {
+    let s = PrefillCostScorer::new(PrefillCostScorerConfig::default()).unwrap();
+    let picker = MaxScorePicker::new(MaxScorePickerConfig::default()).unwrap();
+    let eps = [
+        ep("a:1").kv_id(1, true),
+        ep("b:1").kv_id(2, true),
+        ep("c:1").kv_id(3, true).load(1, 100),
+    ];
+    let (built, mut cycle) = setup(&eps, facts_with_prompt(1000));
+    cycle.record_prefix_match(PrefixMatch {
+        source: PrefixSource::Precise,
+        predicted: vec![(EndpointId(1), 0), (EndpointId(2), 8), (EndpointId(3), 0)],
+    });
+    let refs: Vec<&EndpointState> = built.iter().map(|e| &**e).collect();
+    let mut out = vec![0.0; 3];
+    s.score(&mut cycle, &refs, &mut out);
+    // a: 2 × 1000 = 2000; b: 2 × 992 = 1984; c: 100 + 2000 = 2100.
+    assert_eq!(out[..2], [1.0, 1.0], "16 tokens apart: a tie");
+    assert_eq!(out[2], 1984.0 / 2100.0);
+    assert_eq!(
+        picker.pick(&mut cycle, &out),
+        Some(1),
+        "b computes 8 tokens less"
+    );
 }
