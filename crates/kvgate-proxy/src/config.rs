@@ -89,6 +89,9 @@ pub struct TokenizePool {
     pub queue_limit: usize,
     /// Bound of the segment cache, in tokens.
     pub prefix_cache_max_tokens: u64,
+    /// Precise routing with a local tokenizer tokenizes only the prompt prefix the KV index
+    /// can match (default true); see [`ProxyConfig::tokenize_prefix`].
+    pub prefix_only: bool,
 }
 
 impl Default for TokenizePool {
@@ -98,6 +101,7 @@ impl Default for TokenizePool {
             pool_threads: d.pool_threads,
             queue_limit: d.queue_limit,
             prefix_cache_max_tokens: d.prefix_cache_max_tokens,
+            prefix_only: true,
         }
     }
 }
@@ -183,6 +187,11 @@ pub struct ProxyConfig {
     pub scores_header: bool,
     /// Where to write the JSONL decision log (`None`: off).
     pub decision_log: Option<std::path::PathBuf>,
+    /// When every endpoint has KV events and the model's chain starts with a local
+    /// tokenizer, tokenize only the prompt prefix that can change the pick (the cached
+    /// prefix's end), growing it while some engine holds all of it (default true; YAML
+    /// `tokenize: { prefix_only: false }` turns it off).
+    pub tokenize_prefix: bool,
 }
 
 impl Default for ProxyConfig {
@@ -200,6 +209,7 @@ impl Default for ProxyConfig {
             scheduler: SchedulerConfig::default(),
             scores_header: false,
             decision_log: None,
+            tokenize_prefix: true,
         }
     }
 }
@@ -214,6 +224,7 @@ impl ProxyConfig {
         self.tokenize.pool_threads = file.tokenize.pool_threads;
         self.tokenize.queue_limit = file.tokenize.queue_limit;
         self.tokenize.prefix_cache_max_tokens = file.tokenize.prefix_cache_max_tokens;
+        self.tokenize_prefix = file.tokenize.prefix_only;
         if let Some(engines) = &file.engines {
             self.engines = engines.clone();
         }

@@ -18,7 +18,7 @@ use kvgate_schedule::{
     CycleState, EndpointConfig, EndpointRegistry, EndpointState, InFlightGuard, RegistryHandles,
     RequestFacts, ScheduleError, ScheduleMetrics, Scheduler, SchedulerConfig, SchedulerHandles,
 };
-use kvgate_tokenize::{TokenizeError, TokenizeService};
+use kvgate_tokenize::TokenizeService;
 use prometheus_client::registry::Registry;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
@@ -55,7 +55,10 @@ const HOP_BY_HOP: [&str; 8] = [
     "upgrade",
 ];
 
+mod facts;
 mod respond;
+
+pub use self::facts::PREFIX_TOKENS_START;
 
 use self::respond::{json_response, upstream_headers};
 
@@ -254,14 +257,14 @@ impl Proxy {
             Ok(sealed) => sealed,
             Err(e) => return Err((e, guard)),
         };
-        let facts = match self.request_facts(&sealed, &parts.headers).await {
+        let (facts, pending) = match self.request_facts(&sealed, &parts.headers).await {
             Ok(facts) => facts,
             Err(e) => return Err((e, guard)),
         };
         let headers = upstream_headers(&parts.headers, request_id);
         let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
         let sent = match self
-            .send(&parts.method, path, &headers, &sealed, facts)
+            .send(&parts.method, path, &headers, &sealed, (facts, pending))
             .await
         {
             Ok(sent) => sent,
@@ -312,55 +315,6 @@ impl Proxy {
         Ok(sealed)
     }
 
-    /// What the scheduler knows about the request: model, LoRA adapter, session and, when a
-    /// tokenizer chain serves the model, the prompt tokens (computed from the sealed bytes).
-    async fn request_facts(
-        &self,
-        sealed: &SealedRequest,
-        headers: &HeaderMap,
-    ) -> Result<RequestFacts, ProxyError> {
-        let mut facts = RequestFacts::from_request(sealed, headers);
-        let Some(model) = sealed.model() else {
-            return Ok(facts);
-        };
-        if let Some(base) = self.lora_parent(model) {
-            tracing::debug!(adapter = model, base = %base, "request for a LoRA adapter");
-            facts = facts.with_lora_adapter(model);
-        }
-        if self.tokenizer.chain(model).is_none() || !sealed.api().is_parsed() {
-            return Ok(facts);
-        }
-        match self.tokenizer.tokenize(sealed).await {
-            Ok(t) => {
-                let exact = t.exact;
-                // Move the first prompt's ids out rather than copying them.
-                let ids = t
-                    .prompts
-                    .into_iter()
-                    .next()
-                    .map(|p| p.token_ids)
-                    .unwrap_or_default();
-                Ok(facts.with_tokens(ids, exact, Vec::new()))
-            }
-            Err(TokenizeError::QueueFull) => Err(ProxyError::Overloaded("tokenizer queue full")),
-            // Every fallback was logged and counted by the chain; route on load alone.
-            Err(e) => {
-                tracing::debug!(error = %e, "routing without prompt tokens");
-                Ok(facts)
-            }
-        }
-    }
-
-    /// The base model of `model` when some endpoint serves it as a LoRA adapter.
-    fn lora_parent(&self, model: &str) -> Option<String> {
-        self.registry.endpoints().iter().find_map(|ep| {
-            ep.served_models()?
-                .iter()
-                .find(|m| m.id == model)
-                .and_then(|m| m.parent.clone())
-        })
-    }
-
     /// Schedules and sends until an endpoint answers with headers, within the retry budget.
     async fn send(
         &self,
@@ -368,7 +322,7 @@ impl Proxy {
         path: &str,
         headers: &HeaderMap,
         sealed: &SealedRequest,
-        facts: RequestFacts,
+        (facts, mut pending): (RequestFacts, Option<facts::PendingPrefix>),
     ) -> Result<Sent, ProxyError> {
         let all = self.registry.endpoints();
         if let Some(model) = sealed.model()
@@ -412,6 +366,9 @@ impl Proxy {
                 )
             });
             let ep = decision.endpoint().clone();
+            if let Some(p) = pending.take() {
+                self.finish_prefix(p, &ep);
+            }
             tried.push(ep.name().to_owned());
             let mut headers = headers.clone();
             for (name, value) in decision.headers() {

@@ -24,6 +24,7 @@ use crate::outcome::{
     BackendError, BackendKind, Fallback, FallbackReason, PromptTokens, Tokenized,
 };
 use crate::pool::{BlockingPool, PoolError, PoolOptions};
+use crate::prefix::PrefixSession;
 use crate::render::{RenderBackend, RenderOptions};
 use crate::{anthropic, chat, estimate};
 
@@ -308,6 +309,99 @@ impl TokenizeService {
             .get(model)
             .ok_or_else(|| TokenizeError::UnknownModel(model.to_owned()))?;
         self.tokenize_with(chain, req).await
+    }
+
+    /// Starts a prefix tokenization of `req` ([`PrefixSession`]) and encodes about `budget`
+    /// tokens, when the model's chain begins with a loaded local backend. Counted like a
+    /// local success of [`TokenizeService::tokenize`]. `Ok(None)` when that does not apply or
+    /// the local backend refuses: call [`TokenizeService::tokenize`], which walks the chain
+    /// (and counts the fallback) as usual.
+    ///
+    /// # Errors
+    /// [`TokenizeError::QueueFull`] or [`TokenizeError::PoolClosed`].
+    pub async fn tokenize_prefix(
+        &self,
+        req: &SealedRequest,
+        budget: usize,
+    ) -> Result<Option<PrefixSession>, TokenizeError> {
+        let model = req.model().unwrap_or_default();
+        let Some(chain) = self.chains.get(model) else {
+            return Ok(None);
+        };
+        let Some(Step::Local(Some(t))) = chain.steps.first() else {
+            return Ok(None);
+        };
+        let t = Arc::clone(t);
+        let api = req.api();
+        let body = req.body().clone();
+        let started = Instant::now();
+        let run = move || {
+            let mut s = PrefixSession::new(t, api, &body)?;
+            s.advance(budget)?;
+            Ok::<_, BackendError>(s)
+        };
+        match self.pool.run(run).await {
+            Ok(Ok(s)) => {
+                self.metrics
+                    .observe(BackendKind::Local.label(), started.elapsed().as_secs_f64());
+                self.metrics
+                    .attempt(&chain.model, BackendKind::Local.label(), "ok", "none");
+                Ok(Some(s))
+            }
+            Ok(Err(e)) => {
+                debug!(request_id = %req.request_id(), reason = e.reason.label(), "prefix tokenization refused; full chain next");
+                Ok(None)
+            }
+            Err(PoolError::QueueFull) => Err(TokenizeError::QueueFull),
+            Err(PoolError::Closed) => Err(TokenizeError::PoolClosed),
+        }
+    }
+
+    /// Encodes more of a session, up to about `budget` tokens, on the blocking pool.
+    /// `Ok(None)` on an encode error (call [`TokenizeService::tokenize`]).
+    ///
+    /// # Errors
+    /// [`TokenizeError::QueueFull`] or [`TokenizeError::PoolClosed`].
+    pub async fn extend_prefix(
+        &self,
+        mut session: PrefixSession,
+        budget: usize,
+    ) -> Result<Option<PrefixSession>, TokenizeError> {
+        let started = Instant::now();
+        let run = move || session.advance(budget).map(|()| session);
+        match self.pool.run(run).await {
+            Ok(Ok(s)) => {
+                self.metrics
+                    .observe(BackendKind::Local.label(), started.elapsed().as_secs_f64());
+                Ok(Some(s))
+            }
+            Ok(Err(e)) => {
+                debug!(
+                    reason = e.reason.label(),
+                    "prefix tokenization failed; full chain next"
+                );
+                Ok(None)
+            }
+            Err(PoolError::QueueFull) => Err(TokenizeError::QueueFull),
+            Err(PoolError::Closed) => Err(TokenizeError::PoolClosed),
+        }
+    }
+
+    /// Finishes `session` in the background on the blocking pool and hands the complete ids
+    /// to `then` (on the pool thread); nothing happens on an encode error. Returns false,
+    /// doing nothing, when the queue is full.
+    pub fn complete_prefix_detached(
+        &self,
+        mut session: PrefixSession,
+        then: impl FnOnce(&[u32]) + Send + 'static,
+    ) -> bool {
+        self.pool
+            .submit_background(move || {
+                if session.advance(usize::MAX).is_ok() && session.is_complete() {
+                    then(session.exact_ids());
+                }
+            })
+            .is_ok()
     }
 
     /// Tokenizes `req` with an explicit chain (the CLI and tests use this).

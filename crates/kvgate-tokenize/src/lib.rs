@@ -20,6 +20,7 @@
 //! - [`render`]: [`RenderBackend`], the `/render` client.
 //! - `estimate`: pseudo tokens.
 //! - [`pool`]: [`BlockingPool`], the bounded blocking pool with a queue limit.
+//! - [`prefix`]: [`PrefixSession`], tokenizing only a prefix of the rendered prompt.
 //! - [`metrics`]: [`TokenizeMetrics`] and metric names.
 //! - [`parity`]: the parity corpus format and divergence reports.
 //! - [`cli`]: `kvgate tokenize` and `kvgate parity` entry points.
@@ -36,6 +37,7 @@ pub mod metrics;
 pub mod outcome;
 pub mod parity;
 pub mod pool;
+pub mod prefix;
 mod prefix_cache;
 mod pyjson;
 pub mod render;
@@ -53,5 +55,6 @@ pub use self::{
         BackendError, BackendKind, Fallback, FallbackReason, MmItem, PromptTokens, Tokenized,
     },
     pool::{BlockingPool, PoolError, PoolOptions},
+    prefix::{PrefixSession, PromptPrefix, SAFETY_MARGIN_TOKENS},
     render::{RenderBackend, RenderOptions},
 };

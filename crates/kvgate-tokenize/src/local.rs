@@ -13,6 +13,7 @@ use crate::anthropic::{self, AnthropicProbe};
 use crate::assets::{Assets, LoadError};
 use crate::chat::{self, Rejection};
 use crate::outcome::{BackendError, FallbackReason, PromptTokens};
+use crate::prefix::PrefixSupport;
 use crate::prefix_cache::SegmentEncoder;
 use crate::template::{ChatTemplate, RenderError, TemplateInput};
 
@@ -34,11 +35,21 @@ impl Default for LocalOptions {
 /// An HF tokenizer directory loaded for in-process tokenization.
 #[derive(Debug)]
 pub struct LocalTokenizer {
-    tokenizer: Tokenizer,
+    pub(crate) tokenizer: Tokenizer,
     template: Option<ChatTemplate>,
     mentions_developer: bool,
     anthropic: AnthropicProbe,
-    segments: SegmentEncoder,
+    pub(crate) segments: SegmentEncoder,
+    /// What prefix tokenization ([`crate::prefix`]) may rely on for this tokenizer.
+    pub(crate) prefix: PrefixSupport,
+}
+
+/// The first prompt of a request, rendered and validated as [`LocalTokenizer::tokenize`] does.
+pub(crate) enum PromptSource {
+    /// A text prompt still to be encoded, and its `add_special_tokens`.
+    Text(String, bool),
+    /// Prompts that are not one text (token ids, several strings): fully tokenized already.
+    Done(Vec<PromptTokens>),
 }
 
 fn rejection(r: Rejection) -> BackendError {
@@ -51,6 +62,17 @@ fn rejection(r: Rejection) -> BackendError {
 
 fn render_error(e: RenderError) -> BackendError {
     BackendError::new(FallbackReason::TemplateError, e.to_string())
+}
+
+/// A completions prompt that encodes to no ids is invalid (vLLM answers 400).
+pub(crate) fn empty_prompt(api: Api, ids: &[u32]) -> Result<(), BackendError> {
+    if api == Api::Completions && ids.is_empty() {
+        return Err(BackendError::new(
+            FallbackReason::InvalidRequest,
+            "empty prompt",
+        ));
+    }
+    Ok(())
 }
 
 /// Anthropic efforts vLLM probes for `thinking: disabled` (`AnthropicEffort`).
@@ -88,7 +110,9 @@ impl LocalTokenizer {
                 disabled_thinking_effort: "none",
             },
             segments,
+            prefix: PrefixSupport::default(),
         };
+        local.prefix = PrefixSupport::probe(&local);
         local.anthropic = local.probe_anthropic();
         Ok(local)
     }
@@ -182,7 +206,11 @@ impl LocalTokenizer {
         self.template()?.render(&input).map_err(render_error)
     }
 
-    fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, BackendError> {
+    pub(crate) fn encode(
+        &self,
+        text: &str,
+        add_special_tokens: bool,
+    ) -> Result<Vec<u32>, BackendError> {
         let res = if add_special_tokens {
             self.tokenizer
                 .encode_fast(text, true)
@@ -198,14 +226,30 @@ impl LocalTokenizer {
     /// # Errors
     /// A [`BackendError`] naming why the request cannot be served locally.
     pub fn tokenize(&self, api: Api, body: &[u8]) -> Result<Vec<PromptTokens>, BackendError> {
+        match self.prompt_source(api, body)? {
+            PromptSource::Text(text, add_special) => {
+                let ids = self.encode(&text, add_special)?;
+                empty_prompt(api, &ids)?;
+                Ok(vec![PromptTokens::text(ids)])
+            }
+            PromptSource::Done(prompts) => Ok(prompts),
+        }
+    }
+
+    /// Renders and validates `body` up to the encoding of its first text prompt.
+    pub(crate) fn prompt_source(
+        &self,
+        api: Api,
+        body: &[u8],
+    ) -> Result<PromptSource, BackendError> {
         let value = Self::parse(body)?;
         match api {
             Api::ChatCompletions | Api::Messages => {
                 let (input, add_special) = self.chat_input(api, &value)?;
                 let text = self.template()?.render(&input).map_err(render_error)?;
-                Ok(vec![PromptTokens::text(self.encode(&text, add_special)?)])
+                Ok(PromptSource::Text(text, add_special))
             }
-            Api::Completions => self.tokenize_completion(&value),
+            Api::Completions => self.completion_source(&value),
             other => Err(BackendError::new(
                 FallbackReason::UnsupportedApi,
                 other.label(),
@@ -213,7 +257,7 @@ impl LocalTokenizer {
         }
     }
 
-    fn tokenize_completion(&self, body: &Value) -> Result<Vec<PromptTokens>, BackendError> {
+    fn completion_source(&self, body: &Value) -> Result<PromptSource, BackendError> {
         let invalid = |d: &str| BackendError::new(FallbackReason::InvalidRequest, d);
         let obj = body
             .as_object()
@@ -235,8 +279,11 @@ impl LocalTokenizer {
                 .collect()
         };
         let prompt = obj.get("prompt").ok_or_else(|| invalid("prompt missing"))?;
+        if let Value::String(s) = prompt {
+            // Empty ids are rejected once encoded (`empty_prompt`).
+            return Ok(PromptSource::Text(s.clone(), add_special));
+        }
         let prompts = match prompt {
-            Value::String(s) => vec![PromptTokens::text(self.encode(s, add_special)?)],
             Value::Array(items) if items.is_empty() => return Err(invalid("prompt is empty")),
             Value::Array(items) if items.iter().all(Value::is_number) => {
                 vec![PromptTokens::text(
@@ -264,7 +311,7 @@ impl LocalTokenizer {
         if prompts.iter().any(|p| p.token_ids.is_empty()) {
             return Err(invalid("empty prompt"));
         }
-        Ok(prompts)
+        Ok(PromptSource::Done(prompts))
     }
 }
 

@@ -14,6 +14,30 @@ pub const TOKENIZE_DURATION_SECONDS: &str = "kvgate_tokenize_duration_seconds";
 /// `kvgate_tokenize_queue_rejected_total`.
 pub const QUEUE_REJECTED_TOTAL: &str = "kvgate_tokenize_queue_rejected_total";
 
+/// `kvgate_tokenize_prefix_total{model,outcome}`: prefix tokenizations (routing needed
+/// only a prefix), by `outcome`: `stopped_early` or `complete`.
+pub const TOKENIZE_PREFIX_TOTAL: &str = "kvgate_tokenize_prefix_total";
+/// `kvgate_tokenize_prefix_skipped_tokens_total{model}`: prompt tokens not encoded because
+/// routing stopped early (estimated).
+pub const TOKENIZE_PREFIX_SKIPPED_TOKENS_TOTAL: &str =
+    "kvgate_tokenize_prefix_skipped_tokens_total";
+
+/// Labels of [`TOKENIZE_PREFIX_TOTAL`].
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PrefixLabels {
+    /// Canonical model name.
+    pub model: String,
+    /// `stopped_early` or `complete`.
+    pub outcome: String,
+}
+
+/// Labels of [`TOKENIZE_PREFIX_SKIPPED_TOKENS_TOTAL`].
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ModelLabels {
+    /// Canonical model name.
+    pub model: String,
+}
+
 /// Labels of [`TOKENIZE_TOTAL`].
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct AttemptLabels {
@@ -41,6 +65,8 @@ pub struct TokenizeMetrics {
     pub(crate) attempts: Family<AttemptLabels, Counter>,
     pub(crate) duration: Family<BackendLabels, Histogram>,
     pub(crate) queue_rejected: Counter,
+    pub(crate) prefix: Family<PrefixLabels, Counter>,
+    pub(crate) prefix_skipped: Family<ModelLabels, Counter>,
 }
 
 fn duration_histogram() -> Histogram {
@@ -73,6 +99,16 @@ impl TokenizeMetrics {
             "Tokenization requests rejected because the blocking queue was full",
             m.queue_rejected.clone(),
         );
+        registry.register(
+            local(TOKENIZE_PREFIX_TOTAL),
+            "Prefix tokenizations for routing, by whether routing stopped before the prompt's end",
+            m.prefix.clone(),
+        );
+        registry.register(
+            local(TOKENIZE_PREFIX_SKIPPED_TOKENS_TOTAL),
+            "Prompt tokens (estimated) not tokenized because routing did not need them",
+            m.prefix_skipped.clone(),
+        );
         m
     }
 
@@ -82,6 +118,8 @@ impl TokenizeMetrics {
             attempts: Family::default(),
             duration: Family::new_with_constructor(duration_histogram),
             queue_rejected: Counter::default(),
+            prefix: Family::default(),
+            prefix_skipped: Family::default(),
         }
     }
 
@@ -115,6 +153,48 @@ impl TokenizeMetrics {
             })
             .map(|c| c.get())
             .unwrap_or(0)
+    }
+
+    /// Counts one prefix tokenization: `stopped_early` (with the estimated tokens skipped) or
+    /// `complete`.
+    pub fn record_prefix(&self, model: &str, stopped_early: bool, skipped_tokens: u64) {
+        let outcome = if stopped_early {
+            "stopped_early"
+        } else {
+            "complete"
+        };
+        self.prefix
+            .get_or_create(&PrefixLabels {
+                model: model.to_owned(),
+                outcome: outcome.to_owned(),
+            })
+            .inc();
+        if stopped_early {
+            self.prefix_skipped
+                .get_or_create(&ModelLabels {
+                    model: model.to_owned(),
+                })
+                .inc_by(skipped_tokens);
+        }
+    }
+
+    /// Current value of one `kvgate_tokenize_prefix_total` series.
+    pub fn prefix_value(&self, model: &str, outcome: &str) -> u64 {
+        self.prefix
+            .get(&PrefixLabels {
+                model: model.to_owned(),
+                outcome: outcome.to_owned(),
+            })
+            .map_or(0, |c| c.get())
+    }
+
+    /// Current value of `kvgate_tokenize_prefix_skipped_tokens_total{model}`.
+    pub fn prefix_skipped_value(&self, model: &str) -> u64 {
+        self.prefix_skipped
+            .get(&ModelLabels {
+                model: model.to_owned(),
+            })
+            .map_or(0, |c| c.get())
     }
 
     /// Current value of `kvgate_tokenize_queue_rejected_total`.

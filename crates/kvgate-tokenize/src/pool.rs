@@ -107,6 +107,23 @@ impl BlockingPool {
         T: Send + 'static,
         F: FnOnce() -> T + Send + 'static,
     {
+        self.submit_counted(f, true)
+    }
+
+    /// Queues background work: like [`BlockingPool::submit`], but a full queue is not
+    /// counted as a rejected request.
+    pub(crate) fn submit_background<F>(&self, f: F) -> Result<(), PoolError>
+    where
+        F: FnOnce() + Send + 'static,
+    {
+        self.submit_counted(f, false).map(drop)
+    }
+
+    fn submit_counted<T, F>(&self, f: F, count: bool) -> Result<oneshot::Receiver<T>, PoolError>
+    where
+        T: Send + 'static,
+        F: FnOnce() -> T + Send + 'static,
+    {
         let (otx, orx) = oneshot::channel();
         let job: Job = Box::new(move || {
             let _ = otx.send(f());
@@ -115,7 +132,9 @@ impl BlockingPool {
         match tx.try_send(job) {
             Ok(()) => Ok(orx),
             Err(TrySendError::Full(_)) => {
-                self.rejected.inc();
+                if count {
+                    self.rejected.inc();
+                }
                 Err(PoolError::QueueFull)
             }
             Err(TrySendError::Disconnected(_)) => Err(PoolError::Closed),

@@ -114,6 +114,28 @@ impl SegmentEncoder {
     /// Encodes `text` without special tokens, identical to
     /// `tokenizer.encode_fast(text, false)`.
     pub(crate) fn encode(&self, tokenizer: &Tokenizer, text: &str) -> tokenizers::Result<Vec<u32>> {
+        self.encode_chunk(tokenizer, text, true)
+    }
+
+    /// True when the cache is on and `text` holds a cut token, i.e. its pieces can come from
+    /// the cache (a prefix cut inside a piece would encode it cold).
+    pub(crate) fn has_cached_pieces(&self, text: &str) -> bool {
+        if self.cache.is_none() {
+            return false;
+        }
+        let bytes = text.as_bytes();
+        (0..bytes.len())
+            .any(|i| self.first_byte[usize::from(bytes[i])] && self.match_at(bytes, i).is_some())
+    }
+
+    /// [`SegmentEncoder::encode`], caching the last piece only when `cache_last` (a prefix
+    /// cut inside a piece would only fill the cache with a text no other request repeats).
+    pub(crate) fn encode_chunk(
+        &self,
+        tokenizer: &Tokenizer,
+        text: &str,
+        cache_last: bool,
+    ) -> tokenizers::Result<Vec<u32>> {
         if self.cache.is_none() {
             return Ok(tokenizer.encode_fast(text, false)?.get_ids().to_vec());
         }
@@ -137,7 +159,12 @@ impl SegmentEncoder {
             i += 1;
         }
         if start < bytes.len() {
-            self.encode_piece(tokenizer, &text[start..], &mut out)?;
+            let last = &text[start..];
+            if cache_last {
+                self.encode_piece(tokenizer, last, &mut out)?;
+            } else {
+                out.extend_from_slice(tokenizer.encode_fast(last, false)?.get_ids());
+            }
         }
         Ok(out)
     }

@@ -1,0 +1,262 @@
+//! What the scheduler knows about a request ([`RequestFacts`]), and the tokenizer glue that
+//! computes its prompt tokens.
+//!
+//! # Prefix tokenization
+//! A prefix match stops at the first block no candidate holds, so prompt tokens past that
+//! block cannot change the pick. When every endpoint has KV events (precise routing) and the
+//! model's chain starts with the local tokenizer, the proxy tokenizes a prefix of
+//! [`PREFIX_TOKENS_START`] tokens (exact: the first ids of the full tokenization), asks the KV
+//! index how far the best endpoint's match goes (speculative holdings included, as the
+//! precise scorer sees them), and doubles the prefix while that match covers every full block
+//! of it. The facts then carry the exact prefix ids and, as `prompt_tokens`, the estimated
+//! length of the whole prompt. A prompt that fits in the first pass is tokenized in full,
+//! exactly as without this. Counted in `kvgate_tokenize_prefix_total{model,outcome}` and
+//! `kvgate_tokenize_prefix_skipped_tokens_total{model}`.
+
+use http::HeaderMap;
+use kvgate_kvcache::{KeyScope, KvIndex, block_keys};
+use kvgate_request::SealedRequest;
+use kvgate_schedule::{EndpointState, RequestFacts};
+use kvgate_tokenize::{PrefixSession, TokenizeError};
+
+use super::Proxy;
+use crate::error::ProxyError;
+
+/// First prefix budget of prefix tokenization, in tokens: about 13 ms of encoding at
+/// ~156k tokens/s, and 128 blocks of 16. Prompts shorter than this are tokenized in full.
+pub const PREFIX_TOKENS_START: usize = 2048;
+
+/// True when some endpoint's match in `index` covers every full block of `ids` (or `ids`
+/// has no full block yet at some endpoint's block size): more tokens could extend a match.
+pub(crate) fn match_may_continue(
+    index: &KvIndex,
+    endpoints: &[&EndpointState],
+    scope: KeyScope<'_>,
+    ids: &[u32],
+) -> bool {
+    let mut sizes: Vec<u32> = endpoints.iter().map(|e| e.index_block_size()).collect();
+    sizes.sort_unstable();
+    sizes.dedup();
+    sizes.into_iter().any(|bs| {
+        let keys = block_keys(ids, bs, scope);
+        if keys.is_empty() {
+            return true;
+        }
+        let kv_ids: Vec<_> = endpoints
+            .iter()
+            .filter(|e| e.index_block_size() == bs)
+            .map(|e| e.kv_id())
+            .collect();
+        let scores = index.score(&keys, &kv_ids);
+        let best = scores.endpoints.iter().map(|s| s.matched_blocks).max();
+        best.is_some_and(|b| b as usize >= keys.len())
+    })
+}
+
+/// Grows `session` from [`PREFIX_TOKENS_START`] while `more(ids)` says the match may
+/// continue. `None` when an encode failed (use full tokenization).
+pub(crate) async fn grow_prefix<Fut>(
+    mut session: PrefixSession,
+    mut more: impl FnMut(&[u32]) -> bool,
+    mut extend: impl FnMut(PrefixSession, usize) -> Fut,
+) -> Result<Option<PrefixSession>, TokenizeError>
+where
+    Fut: Future<Output = Result<Option<PrefixSession>, TokenizeError>>,
+{
+    let mut budget = PREFIX_TOKENS_START;
+    while !session.is_complete() && more(session.exact_ids()) {
+        budget = budget.saturating_mul(2);
+        match extend(session, budget).await? {
+            Some(s) => session = s,
+            None => return Ok(None),
+        }
+    }
+    Ok(Some(session))
+}
+
+/// Facts from a finished prefix session: the exact ids, and the estimated prompt length
+/// when the session stopped early. Returns the facts and the estimated tokens skipped.
+pub(crate) fn prefix_facts(facts: RequestFacts, session: &PrefixSession) -> (RequestFacts, u64) {
+    let complete = session.is_complete();
+    let total = session.estimated_total();
+    let skipped = total.saturating_sub(session.encoded_tokens() as u64);
+    let mut facts = facts.with_tokens(session.exact_ids().to_vec(), true, Vec::new());
+    if !complete {
+        facts.prompt_tokens = Some(total);
+    }
+    (facts, if complete { 0 } else { skipped })
+}
+
+/// A prefix tokenization that stopped early, kept until the pick: see
+/// [`Proxy::finish_prefix`].
+#[derive(Debug)]
+pub(crate) struct PendingPrefix {
+    session: PrefixSession,
+    /// The key scope's model (the LoRA adapter for adapters).
+    model: String,
+    cache_salt: Option<String>,
+}
+
+/// Extends `picked`'s speculative holdings over the whole prompt `ids`, when it holds (after
+/// the pick: speculatively or for real) every full block of the tokenized `prefix`, as the
+/// precise scorer's speculative insert does with full tokens. Runs on the pool thread.
+pub(crate) fn speculate_rest(
+    index: &KvIndex,
+    picked: &EndpointState,
+    scope: KeyScope<'_>,
+    prefix: &[u32],
+) -> bool {
+    if !picked.has_kv_events() {
+        return false;
+    }
+    let keys = block_keys(prefix, picked.index_block_size(), scope);
+    let held = index
+        .score(&keys, &[picked.kv_id()])
+        .endpoints
+        .first()
+        .map_or(0, |s| s.matched_blocks);
+    !keys.is_empty() && held as usize >= keys.len()
+}
+
+impl Proxy {
+    /// After the pick: when the request's tokenization stopped early and the picked endpoint
+    /// now holds its whole prefix (the precise scorer's speculative insert), finish the
+    /// tokenization in the background and extend the speculative holdings over the whole
+    /// prompt, so a burst of siblings follows this request as with full tokenization.
+    pub(super) fn finish_prefix(&self, pending: PendingPrefix, picked: &EndpointState) {
+        let scope = KeyScope {
+            model: &pending.model,
+            cache_salt: pending.cache_salt.as_deref(),
+        };
+        let index = &self.handles.kv_index;
+        if !speculate_rest(index, picked, scope, pending.session.exact_ids()) {
+            return;
+        }
+        let (index, id, bs) = (index.clone(), picked.kv_id(), picked.index_block_size());
+        let PendingPrefix {
+            session,
+            model,
+            cache_salt,
+        } = pending;
+        let queued = self
+            .tokenizer
+            .complete_prefix_detached(session, move |ids| {
+                let scope = KeyScope {
+                    model: &model,
+                    cache_salt: cache_salt.as_deref(),
+                };
+                index.insert_speculative(id, &block_keys(ids, bs, scope));
+            });
+        if !queued {
+            tracing::debug!("tokenizer queue full: speculative holdings cover the prefix only");
+        }
+    }
+
+    /// What the scheduler knows about the request: model, LoRA adapter, session and, when a
+    /// tokenizer chain serves the model, the prompt tokens (computed from the sealed bytes).
+    /// With a prefix tokenization that stopped early, also what [`Proxy::finish_prefix`]
+    /// needs after the pick.
+    pub(super) async fn request_facts(
+        &self,
+        sealed: &SealedRequest,
+        headers: &HeaderMap,
+    ) -> Result<(RequestFacts, Option<PendingPrefix>), ProxyError> {
+        let facts = RequestFacts::from_request(sealed, headers);
+        let Some(model) = sealed.model() else {
+            return Ok((facts, None));
+        };
+        let mut facts = facts;
+        if let Some(base) = self.lora_parent(model) {
+            tracing::debug!(adapter = model, base = %base, "request for a LoRA adapter");
+            facts = facts.with_lora_adapter(model);
+        }
+        if self.tokenizer.chain(model).is_none() || !sealed.api().is_parsed() {
+            return Ok((facts, None));
+        }
+        if self.config.tokenize_prefix {
+            match self.prefix_tokens(sealed, &facts).await {
+                Ok(Some(session)) => {
+                    let (facts, skipped) = prefix_facts(facts, &session);
+                    self.tokenizer
+                        .metrics()
+                        .record_prefix(model, skipped > 0, skipped);
+                    let pending = (!session.is_complete()).then(|| PendingPrefix {
+                        session,
+                        model: facts.lora_adapter.clone().unwrap_or(facts.model.clone()),
+                        cache_salt: facts.cache_salt.clone(),
+                    });
+                    return Ok((facts, pending));
+                }
+                Ok(None) => {}
+                Err(TokenizeError::QueueFull) => {
+                    return Err(ProxyError::Overloaded("tokenizer queue full"));
+                }
+                Err(e) => tracing::debug!(error = %e, "prefix tokenization failed"),
+            }
+        }
+        match self.tokenizer.tokenize(sealed).await {
+            Ok(t) => {
+                let exact = t.exact;
+                // Move the first prompt's ids out rather than copying them.
+                let ids = t
+                    .prompts
+                    .into_iter()
+                    .next()
+                    .map(|p| p.token_ids)
+                    .unwrap_or_default();
+                Ok((facts.with_tokens(ids, exact, Vec::new()), None))
+            }
+            Err(TokenizeError::QueueFull) => Err(ProxyError::Overloaded("tokenizer queue full")),
+            // Every fallback was logged and counted by the chain; route on load alone.
+            Err(e) => {
+                tracing::debug!(error = %e, "routing without prompt tokens");
+                Ok((facts, None))
+            }
+        }
+    }
+
+    /// The prefix session routing needs, when prefix tokenization applies: every endpoint has
+    /// KV events and the chain starts with a local tokenizer. `None`: tokenize in full.
+    async fn prefix_tokens(
+        &self,
+        sealed: &SealedRequest,
+        facts: &RequestFacts,
+    ) -> Result<Option<PrefixSession>, TokenizeError> {
+        let all = self.registry.endpoints();
+        if all.is_empty() || !all.iter().all(|e| e.has_kv_events()) {
+            return Ok(None);
+        }
+        let Some(session) = self
+            .tokenizer
+            .tokenize_prefix(sealed, PREFIX_TOKENS_START)
+            .await?
+        else {
+            return Ok(None);
+        };
+        let endpoints: Vec<&EndpointState> = all.iter().map(AsRef::as_ref).collect();
+        let scope = KeyScope {
+            model: facts.lora_adapter.as_deref().unwrap_or(&facts.model),
+            cache_salt: facts.cache_salt.as_deref(),
+        };
+        let index = &self.handles.kv_index;
+        grow_prefix(
+            session,
+            |ids| match_may_continue(index, &endpoints, scope, ids),
+            |s, budget| self.tokenizer.extend_prefix(s, budget),
+        )
+        .await
+    }
+
+    /// The base model of `model` when some endpoint serves it as a LoRA adapter.
+    pub(super) fn lora_parent(&self, model: &str) -> Option<String> {
+        self.registry.endpoints().iter().find_map(|ep| {
+            ep.served_models()?
+                .iter()
+                .find(|m| m.id == model)
+                .and_then(|m| m.parent.clone())
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,362 @@
+//! Prefix tokenization routes exactly like full tokenization: on random prompts and random
+//! KV-index contents the default (precise cost) profile gives every candidate the same
+//! predicted cached tokens and total, so the same pick. Cases come from a seeded splitmix64
+//! generator (the workspace has no proptest).
+
+use std::path::PathBuf;
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use kvgate_kvcache::{EndpointKey, EndpointSpec, IndexConfig, KvMetrics};
+use kvgate_request::Api;
+use kvgate_schedule::{
+    CycleState, RunView, ScheduleMetrics, Scheduler, SchedulerConfig, SchedulerHandles,
+};
+use kvgate_tokenize::{LocalOptions, LocalTokenizer};
+use prometheus_client::registry::Registry;
+
+use super::*;
+
+const MODEL: &str = "Qwen/Qwen3-0.6B";
+const BLOCK: u32 = 16;
+
+fn qwen() -> Arc<LocalTokenizer> {
+    static TOK: OnceLock<Arc<LocalTokenizer>> = OnceLock::new();
+    Arc::clone(TOK.get_or_init(|| {
+        let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../testdata/tokenizers/qwen3");
+        Arc::new(LocalTokenizer::load(&dir, LocalOptions::default()).expect("qwen3 loads"))
+    }))
+}
+
+/// splitmix64.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n.max(1) as u64) as usize
+    }
+}
+
+const WORDS: [&str; 16] = [
+    "the",
+    "cache",
+    "router",
+    "token",
+    "block",
+    "prefix",
+    "engine",
+    "Qwen",
+    "42",
+    "d\u{e9}j\u{e0}",
+    "\u{4e16}\u{754c}",
+    "fn",
+    "x.y",
+    "think>",
+    "hello,",
+    "world.\n",
+];
+
+fn prompt(rng: &mut Rng, words: usize) -> String {
+    let mut s = String::new();
+    for _ in 0..words {
+        s.push_str(WORDS[rng.below(WORDS.len())]);
+        s.push(if rng.below(12) == 0 { '\n' } else { ' ' });
+    }
+    s
+}
+
+/// One fleet: an index and its endpoints, with each endpoint holding `held[i]` blocks of
+/// `keys` (speculatively or for real).
+fn fleet(
+    held: &[usize],
+    real: &[bool],
+    keys: &kvgate_kvcache::BlockKeys,
+) -> (KvIndex, Vec<Arc<EndpointState>>) {
+    let index = KvIndex::new(
+        IndexConfig {
+            speculative_ttl: Duration::from_secs(3600),
+            ..IndexConfig::default()
+        },
+        KvMetrics::unregistered(),
+    );
+    let eps = held
+        .iter()
+        .zip(real)
+        .enumerate()
+        .map(|(i, (&n, &real))| {
+            let url = format!("http://e{i}:8000");
+            let id = index.register_endpoint(EndpointSpec {
+                key: EndpointKey::new(url.clone(), 0),
+                model: MODEL.into(),
+                block_size: BLOCK,
+                capacity_blocks: None,
+            });
+            let mut part = keys.clone();
+            part.keys.truncate(n);
+            if real {
+                index.record_routing(id, &part);
+            } else {
+                index.insert_speculative(id, &part);
+            }
+            Arc::new(EndpointState::detached(&url, id, BLOCK, true).expect("url"))
+        })
+        .collect();
+    (index, eps)
+}
+
+fn schedule(index: &KvIndex, eps: &[Arc<EndpointState>], facts: RequestFacts) -> RunView {
+    let handles = SchedulerHandles {
+        kv_index: index.clone(),
+        metrics: ScheduleMetrics::new(&mut Registry::default()),
+        precise: true,
+    };
+    let scheduler =
+        Scheduler::from_config(&SchedulerConfig::default_profile(true), &handles).expect("cfg");
+    let mut cycle = CycleState::new(facts, Instant::now());
+    let decision = scheduler.schedule(&mut cycle, eps).expect("a pick");
+    decision.to_view().runs.remove(0)
+}
+
+fn base_facts() -> RequestFacts {
+    RequestFacts {
+        request_id: "r".into(),
+        model: MODEL.into(),
+        ..RequestFacts::default()
+    }
+}
+
+/// The lazy facts for `body` against `index`, as the proxy computes them.
+async fn lazy_facts(
+    index: &KvIndex,
+    eps: &[Arc<EndpointState>],
+    body: &[u8],
+) -> (RequestFacts, u64, usize, PrefixSession) {
+    let mut session = PrefixSession::new(qwen(), Api::Completions, body).expect("renders");
+    session.advance(PREFIX_TOKENS_START).expect("encodes");
+    let endpoints: Vec<&EndpointState> = eps.iter().map(AsRef::as_ref).collect();
+    let scope = KeyScope {
+        model: MODEL,
+        cache_salt: None,
+    };
+    let mut passes = 1;
+    let session = grow_prefix(
+        session,
+        |ids| match_may_continue(index, &endpoints, scope, ids),
+        |mut s, budget| {
+            passes += 1;
+            let r = s.advance(budget);
+            std::future::ready(Ok(r.ok().map(|()| s)))
+        },
+    )
+    .await
+    .expect("no pool")
+    .expect("no encode error");
+    let (facts, skipped) = prefix_facts(base_facts(), &session);
+    (facts, skipped, passes, session)
+}
+
+/// Every candidate's predicted cached tokens and total, by endpoint name (the view orders
+/// equal totals at random).
+fn candidates(run: &RunView) -> Vec<(String, Option<u64>, f64)> {
+    let mut v: Vec<_> = run
+        .candidates
+        .iter()
+        .map(|c| (c.endpoint.clone(), c.predicted_cached_tokens, c.total))
+        .collect();
+    v.sort_by(|a, b| a.0.cmp(&b.0));
+    v
+}
+
+fn best(run: &RunView) -> Vec<String> {
+    let top = run
+        .candidates
+        .iter()
+        .map(|c| c.total)
+        .fold(f64::NEG_INFINITY, f64::max);
+    run.candidates
+        .iter()
+        .filter(|c| c.total == top)
+        .map(|c| c.endpoint.clone())
+        .collect()
+}
+
+#[tokio::test]
+async fn prefix_tokens_route_like_full_tokens() {
+    let t = qwen();
+    let (mut stopped, mut grown) = (0, 0);
+    for seed in 0..24u64 {
+        let mut rng = Rng(seed);
+        let words = 50 + rng.below(6000);
+        let text = prompt(&mut rng, words);
+        let body = serde_json::json!({ "prompt": text }).to_string();
+        let full = t.tokenize(Api::Completions, body.as_bytes()).expect("ok")[0]
+            .token_ids
+            .clone();
+        let keys = block_keys(
+            &full,
+            BLOCK,
+            KeyScope {
+                model: MODEL,
+                cache_salt: None,
+            },
+        );
+        let n_eps = 1 + rng.below(5);
+        let mut held = Vec::new();
+        let mut real = Vec::new();
+        for _ in 0..n_eps {
+            held.push(match rng.below(5) {
+                0 => 0,
+                1 => keys.len(),
+                2 => held.last().copied().unwrap_or(0),
+                _ => rng.below(keys.len() + 1),
+            });
+            real.push(rng.below(2) == 0);
+        }
+        // Same contents, separate indexes: each pick inserts speculative holdings.
+        let (ix_lazy, eps_lazy) = fleet(&held, &real, &keys);
+        let (ix_full, eps_full) = fleet(&held, &real, &keys);
+        let (mut lazy, skipped, passes, _) = lazy_facts(&ix_lazy, &eps_lazy, body.as_bytes()).await;
+        let ids = lazy.tokens.as_ref().expect("tokens").ids.clone();
+        assert!(full.starts_with(&ids), "seed {seed}: prefix is not exact");
+        let full_facts = base_facts().with_tokens(full.clone(), true, Vec::new());
+        if skipped > 0 {
+            stopped += 1;
+            let est = lazy.prompt_tokens.expect("estimate") as f64;
+            assert!((est - full.len() as f64).abs() / (full.len() as f64) < 0.2);
+        } else {
+            assert_eq!(lazy, full_facts, "seed {seed}: complete must equal full");
+        }
+        if passes > 1 {
+            grown += 1;
+        }
+        // The cost scorer's N: compare with the same one (the estimate only changes N).
+        lazy.prompt_tokens = full_facts.prompt_tokens;
+        let a = schedule(&ix_lazy, &eps_lazy, lazy);
+        let b = schedule(&ix_full, &eps_full, full_facts);
+        let case = format!("seed {seed}: held {held:?} of {} blocks", keys.len());
+        assert_eq!(candidates(&a), candidates(&b), "{case}");
+        assert_eq!(
+            a.predicted_cached_tokens, b.predicted_cached_tokens,
+            "{case}"
+        );
+        let tied = best(&b);
+        assert!(
+            tied.contains(&a.picked) && tied.contains(&b.picked),
+            "{case}"
+        );
+        if tied.len() == 1 {
+            assert_eq!(a.picked, b.picked, "{case}");
+        }
+    }
+    assert!(stopped > 0 && grown > 0, "stopped {stopped}, grown {grown}");
+}
+
+#[tokio::test]
+async fn short_prompt_is_tokenized_in_full() {
+    let t = qwen();
+    let body = br#"{"prompt":"hi there"}"#;
+    let full = t.tokenize(Api::Completions, body).expect("ok")[0]
+        .token_ids
+        .clone();
+    let keys = block_keys(
+        &full,
+        BLOCK,
+        KeyScope {
+            model: MODEL,
+            cache_salt: None,
+        },
+    );
+    let (index, eps) = fleet(&[0], &[true], &keys);
+    let (lazy, skipped, passes, _) = lazy_facts(&index, &eps, body).await;
+    assert_eq!((skipped, passes), (0, 1));
+    assert_eq!(lazy, base_facts().with_tokens(full, true, Vec::new()));
+}
+
+/// A long unshared prompt stops after the first pass; prints what it skipped.
+#[tokio::test]
+async fn unshared_long_prompt_stops_after_one_pass() {
+    let t = qwen();
+    let mut rng = Rng(99);
+    let text = prompt(&mut rng, 9000);
+    let body = serde_json::json!({ "prompt": text }).to_string();
+    let full = t.tokenize(Api::Completions, body.as_bytes()).expect("ok")[0]
+        .token_ids
+        .clone();
+    let keys = block_keys(
+        &full,
+        BLOCK,
+        KeyScope {
+            model: MODEL,
+            cache_salt: None,
+        },
+    );
+    // One engine holds the system-prompt-sized first 10 blocks.
+    let (index, eps) = fleet(&[10, 0], &[true, false], &keys);
+    let (lazy, skipped, passes, _) = lazy_facts(&index, &eps, body.as_bytes()).await;
+    let ids = lazy.tokens.as_ref().expect("tokens").ids.len();
+    assert_eq!(passes, 1);
+    assert!(skipped > 0);
+    println!(
+        "prompt {} tokens: encoded {ids} (+{} margin), skipped ~{skipped}, estimate {:?}",
+        full.len(),
+        kvgate_tokenize::SAFETY_MARGIN_TOKENS,
+        lazy.prompt_tokens
+    );
+}
+
+/// A burst sibling of a long prompt nobody caches yet: after the first request's pick and
+/// the background completion, the sibling sees the picked engine holding the whole prompt,
+/// as with full tokenization (the pick's speculative insert alone covers the prefix only).
+#[tokio::test]
+async fn sibling_sees_the_whole_prompt_speculated() {
+    let t = qwen();
+    let mut rng = Rng(5);
+    let text = prompt(&mut rng, 6000);
+    let body = serde_json::json!({ "prompt": text }).to_string();
+    let full = t.tokenize(Api::Completions, body.as_bytes()).expect("ok")[0]
+        .token_ids
+        .clone();
+    let scope = KeyScope {
+        model: MODEL,
+        cache_salt: None,
+    };
+    let keys = block_keys(&full, BLOCK, scope);
+    let (index, eps) = fleet(&[0, 0], &[true, true], &keys);
+    let (facts, skipped, _, mut session) = lazy_facts(&index, &eps, body.as_bytes()).await;
+    assert!(skipped > 0);
+    let first = schedule(&index, &eps, facts);
+    let picked = eps
+        .iter()
+        .find(|e| e.name() == first.picked)
+        .expect("picked");
+    let speculated = |ix: &KvIndex| {
+        ix.score(&keys, &[picked.kv_id()])
+            .predicted_tokens_of(picked.kv_id())
+    };
+    assert!(
+        speculated(&index) < full.len() as u64 / 2,
+        "prefix only so far"
+    );
+    assert!(speculate_rest(&index, picked, scope, session.exact_ids()));
+    session.advance(usize::MAX).expect("completes");
+    assert_eq!(session.exact_ids(), full.as_slice());
+    index.insert_speculative(
+        picked.kv_id(),
+        &block_keys(session.exact_ids(), BLOCK, scope),
+    );
+    assert_eq!(speculated(&index), keys.len() as u64 * u64::from(BLOCK));
+    // An endpoint that does not hold the prefix gets nothing.
+    let other = eps
+        .iter()
+        .find(|e| e.name() != first.picked)
+        .expect("other");
+    assert!(!speculate_rest(&index, other, scope, session.exact_ids()));
+}

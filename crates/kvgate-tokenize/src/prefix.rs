@@ -1,0 +1,343 @@
+//! Prefix tokenization: encode only as much of a rendered prompt as routing needs.
+//!
+//! Rendering stays full and exact (chat template, completions prompt); only the HF encode
+//! is cut. A [`PrefixSession`] encodes the rendered text in chunks that end at *clean
+//! boundaries*: a byte `b` where `text[b]` is a single ASCII space between an ASCII
+//! alphanumeric byte and a printable ASCII byte, and no added-token string spans `b`. At such
+//! a boundary a regex pre-tokenizer (GPT-2, Llama 3, Qwen) ends a pre-token and starts the
+//! next one with the space, the NFC/NFKC normalizers cannot compose across it, and the
+//! added-token split is the same on both sides, so
+//! `enc(text) = enc(text[..b]) ++ enc(text[b..])`. Whether a tokenizer behaves so is probed
+//! when it loads ([`PrefixSupport::probe`]); when it does not, or when an added token strips
+//! whitespace around itself, the session encodes the whole text in one go, exactly as
+//! [`LocalTokenizer::tokenize`] does. As a further guard an incomplete prefix withholds its
+//! last [`SAFETY_MARGIN_TOKENS`] ids.
+//!
+//! Chunks go through the same segment cache as full encoding, so earlier chat turns still
+//! hit; the piece cut at the boundary is not cached. A session resumes where it stopped:
+//! growing a prefix from 2k to 4k tokens encodes only the second 2k.
+
+use std::sync::Arc;
+
+use kvgate_request::Api;
+
+use crate::local::{LocalTokenizer, PromptSource, empty_prompt};
+use crate::outcome::{BackendError, FallbackReason};
+
+/// Trailing ids of an incomplete prefix that are withheld (safety margin).
+pub const SAFETY_MARGIN_TOKENS: usize = 8;
+
+/// Bytes per token assumed before any of the text is encoded (English averages ~4.3 for
+/// modern BPE vocabularies; a low guess only makes the first chunk shorter).
+const DEFAULT_BYTES_PER_TOKEN: f64 = 4.0;
+
+/// First budgets from this many tokens up are reached in two chunks: a quarter with the
+/// default bytes per token, then the rest with the ratio measured on it.
+const CALIBRATE_ABOVE: usize = 512;
+
+/// Texts whose clean boundaries the load-time probe checks.
+const PROBE_TEXTS: [&str; 3] = [
+    "Hello world, this is a probe: 123 abc and it's done.",
+    "The quick brown fox\n\njumps  over the lazy dog; x = f(y) + 42 ok",
+    "Caf\u{e9} d\u{e9}j\u{e0} vu \u{4e16}\u{754c} tail words here",
+];
+
+/// What prefix tokenization may rely on for one tokenizer.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct PrefixSupport {
+    /// Text may be encoded in chunks split at clean boundaries.
+    splittable: bool,
+    /// Added-token strings that contain a space: a cut must not fall inside one.
+    spaced_tokens: Vec<Vec<u8>>,
+    /// Ids the post-processor puts before and after the text with `add_special_tokens`,
+    /// when it is a fixed template (`None`: such prompts are encoded in one go).
+    specials: Option<(Vec<u32>, Vec<u32>)>,
+}
+
+impl PrefixSupport {
+    /// Probes `local`'s tokenizer: no whitespace-stripping added tokens, split encoding equal
+    /// to whole encoding at every clean boundary of a few texts, and a fixed post-processor.
+    pub(crate) fn probe(local: &LocalTokenizer) -> PrefixSupport {
+        let tok = &local.tokenizer;
+        let decoder = tok.get_added_tokens_decoder();
+        let stripping = decoder
+            .values()
+            .any(|t| t.lstrip || t.rstrip || t.single_word);
+        let spaced_tokens: Vec<Vec<u8>> = decoder
+            .values()
+            .filter(|t| t.content.contains(' '))
+            .map(|t| t.content.as_bytes().to_vec())
+            .collect();
+        let enc = |s: &str| tok.encode_fast(s, false).ok().map(|e| e.get_ids().to_vec());
+        let splits_cleanly = |text: &str| {
+            let Some(whole) = enc(text) else { return false };
+            (1..text.len())
+                .filter(|&b| is_boundary(text.as_bytes(), b, &spaced_tokens))
+                .all(|b| match (enc(&text[..b]), enc(&text[b..])) {
+                    (Some(mut a), Some(rest)) => {
+                        a.extend(rest);
+                        a == whole
+                    }
+                    _ => false,
+                })
+        };
+        let splittable = !stripping && PROBE_TEXTS.iter().all(|t| splits_cleanly(t));
+        let specials = {
+            let frame = |s: &str| -> Option<(Vec<u32>, Vec<u32>)> {
+                let plain = enc(s)?;
+                let full = tok.encode_fast(s, true).ok()?.get_ids().to_vec();
+                let i = (0..=full.len().checked_sub(plain.len())?)
+                    .find(|&i| full[i..].starts_with(&plain))?;
+                Some((full[..i].to_vec(), full[i + plain.len()..].to_vec()))
+            };
+            let a = frame(PROBE_TEXTS[0]);
+            (a.is_some() && a == frame(PROBE_TEXTS[1]))
+                .then_some(a)
+                .flatten()
+        };
+        PrefixSupport {
+            splittable,
+            spaced_tokens,
+            specials,
+        }
+    }
+}
+
+/// Whether `b` is a clean boundary of `text` (see the module docs).
+fn is_boundary(text: &[u8], b: usize, spaced_tokens: &[Vec<u8>]) -> bool {
+    if b == 0 || b + 1 >= text.len() {
+        return false;
+    }
+    if text[b] != b' ' || !text[b - 1].is_ascii_alphanumeric() || !text[b + 1].is_ascii_graphic() {
+        return false;
+    }
+    spaced_tokens.iter().all(|t| {
+        // An occurrence spanning `b` starts in (b - len, b).
+        let first = (b + 1).saturating_sub(t.len());
+        (first..b).all(|s| !text[s..].starts_with(t))
+    })
+}
+
+/// A one-shot prefix tokenization ([`LocalTokenizer::tokenize_prefix`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PromptPrefix {
+    /// The first ids of the first prompt, exactly as full tokenization starts.
+    pub token_ids: Vec<u32>,
+    /// True when `token_ids` is the whole prompt.
+    pub complete: bool,
+    /// The prompt's length in tokens: exact when complete, else extrapolated from the
+    /// encoded part's bytes per token.
+    pub estimated_total: u64,
+}
+
+/// A resumable prefix tokenization of one request's first prompt.
+#[derive(Debug)]
+pub struct PrefixSession {
+    tokenizer: Arc<LocalTokenizer>,
+    api: Api,
+    text: String,
+    add_special: bool,
+    /// Ids before the text (post-processor specials), counted in `ids`.
+    lead: usize,
+    /// `text[..pos]` is encoded; `pos` is a clean boundary, or `text.len()` when complete.
+    pos: usize,
+    ids: Vec<u32>,
+    complete: bool,
+    /// The text has segments the segment cache serves (see `splittable`).
+    segmented: bool,
+}
+
+impl PrefixSession {
+    /// Renders and validates `body` as [`LocalTokenizer::tokenize`] does; nothing is encoded
+    /// yet (prompts given as token ids are complete at once).
+    ///
+    /// # Errors
+    /// The [`BackendError`] full tokenization would return for a render or validation error.
+    pub fn new(
+        tokenizer: Arc<LocalTokenizer>,
+        api: Api,
+        body: &[u8],
+    ) -> Result<PrefixSession, BackendError> {
+        let (text, add_special, ids, complete) = match tokenizer.prompt_source(api, body)? {
+            PromptSource::Done(prompts) => {
+                let ids = prompts
+                    .into_iter()
+                    .next()
+                    .map(|p| p.token_ids)
+                    .unwrap_or_default();
+                (String::new(), false, ids, true)
+            }
+            PromptSource::Text(text, add_special) => (text, add_special, Vec::new(), false),
+        };
+        let segmented = tokenizer.segments.has_cached_pieces(&text);
+        Ok(PrefixSession {
+            tokenizer,
+            api,
+            text,
+            segmented,
+            add_special,
+            lead: 0,
+            pos: 0,
+            ids,
+            complete,
+        })
+    }
+
+    /// Whether the text may be encoded in parts: the tokenizer allows clean cuts, and the text
+    /// has no special-token segments the segment cache would serve whole (a chat prompt's
+    /// repeated system prompt costs a lookup through the full path, but a cold encode when
+    /// cut mid-segment; so prompts with segments are encoded in full, as before).
+    fn splittable(&self) -> bool {
+        let s = &self.tokenizer.prefix;
+        s.splittable && (!self.add_special || s.specials.is_some()) && !self.segmented
+    }
+
+    /// The clean boundary nearest below `target` (else above it), past `pos`.
+    fn boundary(&self, target: usize) -> Option<usize> {
+        let bytes = self.text.as_bytes();
+        let spaced = &self.tokenizer.prefix.spaced_tokens;
+        let ok = |b: &usize| is_boundary(bytes, *b, spaced);
+        ((self.pos + 1)..=target)
+            .rev()
+            .find(ok)
+            .or_else(|| ((target + 1)..bytes.len()).find(ok))
+    }
+
+    /// Encodes more of the prompt, until about `budget` ids in all (or the end).
+    ///
+    /// # Errors
+    /// [`FallbackReason::EncodeError`], or `InvalidRequest` for a completions prompt that
+    /// encodes to nothing (as full tokenization).
+    pub fn advance(&mut self, budget: usize) -> Result<(), BackendError> {
+        if self.pos == 0 && budget >= CALIBRATE_ABOVE && self.splittable() {
+            // A first quarter measures this text's bytes per token for the rest.
+            self.advance_to(budget / 4)?;
+        }
+        self.advance_to(budget)
+    }
+
+    fn advance_to(&mut self, budget: usize) -> Result<(), BackendError> {
+        if self.complete {
+            return Ok(());
+        }
+        let len = self.text.len();
+        let cut = if self.splittable() {
+            let have = self.ids.len().saturating_sub(self.lead);
+            let bpt = if self.pos > 0 && have > 0 {
+                self.pos as f64 / have as f64
+            } else {
+                DEFAULT_BYTES_PER_TOKEN
+            };
+            let need = budget.saturating_sub(self.ids.len()).max(1);
+            let target = self.pos.saturating_add((need as f64 * bpt).ceil() as usize);
+            if target >= len {
+                len
+            } else {
+                self.boundary(target).unwrap_or(len)
+            }
+        } else {
+            len
+        };
+        let t = Arc::clone(&self.tokenizer);
+        if self.pos == 0 && cut == len {
+            // All of it at once: exactly the full path.
+            self.ids = t.encode(&self.text, self.add_special)?;
+            empty_prompt(self.api, &self.ids)?;
+            self.pos = len;
+            self.complete = true;
+            return Ok(());
+        }
+        if self.pos == 0
+            && self.add_special
+            && let Some((lead, _)) = &t.prefix.specials
+        {
+            self.ids.extend_from_slice(lead);
+            self.lead = lead.len();
+        }
+        let chunk = t
+            .segments
+            .encode_chunk(&t.tokenizer, &self.text[self.pos..cut], cut == len)
+            .map_err(|e| BackendError::new(FallbackReason::EncodeError, e.to_string()))?;
+        self.ids.extend(chunk);
+        self.pos = cut;
+        if cut == len {
+            if self.add_special
+                && let Some((_, trail)) = &t.prefix.specials
+            {
+                self.ids.extend_from_slice(trail);
+            }
+            self.complete = true;
+        }
+        Ok(())
+    }
+
+    /// True when the whole prompt is encoded.
+    pub fn is_complete(&self) -> bool {
+        self.complete
+    }
+
+    /// Exact leading ids of the prompt: all of them when complete, else the encoded part
+    /// minus the [`SAFETY_MARGIN_TOKENS`] margin.
+    pub fn exact_ids(&self) -> &[u32] {
+        if self.complete {
+            &self.ids
+        } else {
+            &self.ids[..self.ids.len().saturating_sub(SAFETY_MARGIN_TOKENS)]
+        }
+    }
+
+    /// Ids encoded so far (the margin included).
+    pub fn encoded_tokens(&self) -> usize {
+        self.ids.len()
+    }
+
+    /// The prompt's length in tokens: exact when complete, else the encoded part's ids per
+    /// byte extrapolated to the whole text (always more than the ids encoded so far).
+    pub fn estimated_total(&self) -> u64 {
+        if self.complete {
+            return self.ids.len() as u64;
+        }
+        let text_ids = self.ids.len().saturating_sub(self.lead) as f64;
+        let per_byte = if self.pos > 0 {
+            text_ids / self.pos as f64
+        } else {
+            1.0 / DEFAULT_BYTES_PER_TOKEN
+        };
+        let est = self.lead as f64 + (per_byte * self.text.len() as f64).ceil();
+        (est as u64).max(self.ids.len() as u64 + 1)
+    }
+
+    /// Consumes the session into a [`PromptPrefix`].
+    pub fn into_prefix(self) -> PromptPrefix {
+        let estimated_total = self.estimated_total();
+        let keep = self.exact_ids().len();
+        let mut token_ids = self.ids;
+        token_ids.truncate(keep);
+        PromptPrefix {
+            token_ids,
+            complete: self.complete,
+            estimated_total,
+        }
+    }
+}
+
+impl LocalTokenizer {
+    /// Tokenizes about the first `budget` tokens of `body`'s first prompt (rendered in full
+    /// first): the ids are exactly the first ids [`LocalTokenizer::tokenize`] returns.
+    ///
+    /// # Errors
+    /// As [`LocalTokenizer::tokenize`].
+    pub fn tokenize_prefix(
+        self: &Arc<Self>,
+        api: Api,
+        body: &[u8],
+        budget: usize,
+    ) -> Result<PromptPrefix, BackendError> {
+        let mut s = PrefixSession::new(Arc::clone(self), api, body)?;
+        s.advance(budget)?;
+        Ok(s.into_prefix())
+    }
+}
+
+#[cfg(test)]
+mod tests;
