@@ -195,6 +195,14 @@ impl CycleState {
         Some(keys)
     }
 
+    /// The block keys for `block_size` if a scorer computed them (never computes).
+    pub fn computed_block_keys(&self, block_size: u32) -> Option<Arc<BlockKeys>> {
+        self.keys
+            .iter()
+            .find(|(bs, _)| *bs == block_size)
+            .map(|(_, k)| Arc::clone(k))
+    }
+
     /// The prefix match recorded by a prefix scorer in the current profile run.
     pub fn prefix_match(&self) -> Option<&PrefixMatch> {
         self.prefix.as_ref()

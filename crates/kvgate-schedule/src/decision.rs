@@ -147,13 +147,17 @@ impl Decision {
             .iter()
             .enumerate()
             .map(|(i, r)| {
-                let uncached = prompt.saturating_sub(r.predicted_cached_tokens.unwrap_or(0));
+                // The expected hit: the prediction × the share the engine recently realized.
+                let share = r.picked().load().realized_share;
+                let cached = (r.predicted_cached_tokens.unwrap_or(0) as f64 * share) as u64;
+                let uncached = prompt.saturating_sub(cached);
                 let tokens = if i == primary && remote_prefill {
                     0
                 } else {
                     uncached
                 };
-                r.picked().begin_request(tokens, prompt)
+                let keys = cycle.computed_block_keys(r.picked().index_block_size());
+                r.picked().begin_request_with_keys(tokens, prompt, keys)
             })
             .collect();
         Decision {

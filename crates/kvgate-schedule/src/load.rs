@@ -8,19 +8,33 @@
 //! - pending prefill: requests and uncached tokens not yet at their first byte;
 //! - decode tokens: prompt tokens of the requests past their first byte (KV held while
 //!   decoding);
+//! - active KV: the distinct prompt blocks of the requests in flight (a block two of them
+//!   share counts once, as in the engine), plus their tokens past the blocks the router keyed
+//!   (a partial last block, or a prompt tokenized only in part): the KV those requests pin on
+//!   the engine while they run;
 //! - the pick stamp: a process-wide sequence number of the last pick, for least-recently-picked
-//!   tie-breaking.
+//!   tie-breaking;
+//! - the realized share: an exponentially weighted mean of realized ÷ predicted cached tokens
+//!   over the endpoint's recent responses (1 until a prediction was checked). Below 1, the
+//!   engine is evicting what the index says it holds (its KV is overcommitted, or events lag),
+//!   and a cost scorer should expect only that share of a predicted hit.
 
-use std::sync::Arc;
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use kvgate_kvcache::BlockKeys;
 
 use crate::endpoint::EndpointState;
 
 /// Process-wide pick sequence (1, 2, …); 0 means never picked.
 static PICK_SEQ: AtomicU64 = AtomicU64::new(0);
 
+/// Weight of the newest response in the realized share.
+const REALIZED_SHARE_WEIGHT: f64 = 0.25;
+
 /// Load counters of one endpoint (see the module docs).
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct EndpointLoad {
     requests: AtomicU64,
     uncached_tokens: AtomicU64,
@@ -28,10 +42,37 @@ pub(crate) struct EndpointLoad {
     prefill_tokens: AtomicU64,
     decode_tokens: AtomicU64,
     last_pick: AtomicU64,
+    /// `f64` bits of the realized share.
+    realized_share: AtomicU64,
+    /// Refcount per in-flight prompt block key.
+    active: Mutex<HashMap<u64, u32>>,
+    /// Distinct keys in `active`, and the block size they were keyed with.
+    active_blocks: AtomicU64,
+    active_block_size: AtomicU64,
+    /// In-flight prompt tokens past their keyed blocks.
+    active_extra_tokens: AtomicU64,
+}
+
+impl Default for EndpointLoad {
+    fn default() -> Self {
+        EndpointLoad {
+            requests: AtomicU64::new(0),
+            uncached_tokens: AtomicU64::new(0),
+            prefill_requests: AtomicU64::new(0),
+            prefill_tokens: AtomicU64::new(0),
+            decode_tokens: AtomicU64::new(0),
+            last_pick: AtomicU64::new(0),
+            realized_share: AtomicU64::new(1.0f64.to_bits()),
+            active: Mutex::default(),
+            active_blocks: AtomicU64::new(0),
+            active_block_size: AtomicU64::new(0),
+            active_extra_tokens: AtomicU64::new(0),
+        }
+    }
 }
 
 /// A point-in-time copy of an endpoint's router-side load.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
 pub struct LoadSnapshot {
     /// Requests in flight through this router.
     pub requests: u64,
@@ -45,6 +86,27 @@ pub struct LoadSnapshot {
     pub decode_tokens: u64,
     /// Pick sequence number of the last pick (0 = never picked; higher = more recent).
     pub last_pick: u64,
+    /// Recent realized ÷ predicted cached tokens, in [0, 1] (1 until checked).
+    pub realized_share: f64,
+    /// KV tokens the requests in flight pin: distinct prompt blocks × block size + tokens past
+    /// them.
+    pub active_kv_tokens: u64,
+}
+
+impl Default for LoadSnapshot {
+    /// An idle, never-picked endpoint whose predictions hold (share 1).
+    fn default() -> Self {
+        LoadSnapshot {
+            requests: 0,
+            uncached_tokens: 0,
+            prefill_requests: 0,
+            prefill_tokens: 0,
+            decode_tokens: 0,
+            last_pick: 0,
+            realized_share: 1.0,
+            active_kv_tokens: 0,
+        }
+    }
 }
 
 impl EndpointLoad {
@@ -56,6 +118,10 @@ impl EndpointLoad {
             prefill_tokens: self.prefill_tokens.load(Ordering::Relaxed),
             decode_tokens: self.decode_tokens.load(Ordering::Relaxed),
             last_pick: self.last_pick.load(Ordering::Relaxed),
+            realized_share: f64::from_bits(self.realized_share.load(Ordering::Relaxed)),
+            active_kv_tokens: self.active_blocks.load(Ordering::Relaxed)
+                * self.active_block_size.load(Ordering::Relaxed)
+                + self.active_extra_tokens.load(Ordering::Relaxed),
         }
     }
 
@@ -66,16 +132,65 @@ impl EndpointLoad {
     pub(crate) fn uncached_tokens(&self) -> u64 {
         self.uncached_tokens.load(Ordering::Relaxed)
     }
+
+    /// Folds one checked prediction into the realized share (concurrent updates may drop one,
+    /// which only slows the mean).
+    pub(crate) fn observe_realized(&self, predicted: u64, realized: u64) {
+        if predicted == 0 {
+            return;
+        }
+        let r = (realized as f64 / predicted as f64).min(1.0);
+        let old = f64::from_bits(self.realized_share.load(Ordering::Relaxed));
+        let new = old + REALIZED_SHARE_WEIGHT * (r - old);
+        self.realized_share.store(new.to_bits(), Ordering::Relaxed);
+    }
+
+    fn pin(&self, keys: &BlockKeys) {
+        let mut map = self.active.lock().unwrap_or_else(PoisonError::into_inner);
+        for k in &keys.keys {
+            *map.entry(k.0).or_insert(0) += 1;
+        }
+        self.active_block_size
+            .store(u64::from(keys.block_size), Ordering::Relaxed);
+        self.active_blocks
+            .store(map.len() as u64, Ordering::Relaxed);
+    }
+
+    fn unpin(&self, keys: &BlockKeys) {
+        let mut map = self.active.lock().unwrap_or_else(PoisonError::into_inner);
+        for k in &keys.keys {
+            if let Some(n) = map.get_mut(&k.0) {
+                *n -= 1;
+                if *n == 0 {
+                    map.remove(&k.0);
+                }
+            }
+        }
+        self.active_blocks
+            .store(map.len() as u64, Ordering::Relaxed);
+    }
 }
 
 impl EndpointState {
     /// Counts a request as in flight (and prefilling) until the guard drops: `uncached_tokens`
-    /// is the prefill work it brings, `prompt_tokens` its whole prompt. Stamps the pick for
-    /// least-recently-picked tie-breaking.
+    /// is the prefill work it brings, `prompt_tokens` its whole prompt (all of it unshared
+    /// active KV). Stamps the pick for least-recently-picked tie-breaking.
     pub fn begin_request(
         self: &Arc<Self>,
         uncached_tokens: u64,
         prompt_tokens: u64,
+    ) -> InFlightGuard {
+        self.begin_request_with_keys(uncached_tokens, prompt_tokens, None)
+    }
+
+    /// [`EndpointState::begin_request`], also pinning the prompt's block `keys` as active KV
+    /// (blocks shared with other requests in flight count once; prompt tokens past the keys
+    /// count as unshared).
+    pub fn begin_request_with_keys(
+        self: &Arc<Self>,
+        uncached_tokens: u64,
+        prompt_tokens: u64,
+        keys: Option<Arc<BlockKeys>>,
     ) -> InFlightGuard {
         let l = &self.load;
         l.requests.fetch_add(1, Ordering::Relaxed);
@@ -86,11 +201,21 @@ impl EndpointState {
             .fetch_add(uncached_tokens, Ordering::Relaxed);
         let stamp = PICK_SEQ.fetch_add(1, Ordering::Relaxed) + 1;
         l.last_pick.fetch_max(stamp, Ordering::Relaxed);
+        let keyed = keys
+            .as_ref()
+            .map_or(0, |k| k.keys.len() as u64 * u64::from(k.block_size));
+        let extra = prompt_tokens.saturating_sub(keyed);
+        l.active_extra_tokens.fetch_add(extra, Ordering::Relaxed);
+        if let Some(k) = &keys {
+            l.pin(k);
+        }
         InFlightGuard {
             endpoint: Arc::clone(self),
             uncached: uncached_tokens,
             prompt: prompt_tokens,
             prefilling: true,
+            keys,
+            extra,
         }
     }
 
@@ -119,6 +244,8 @@ pub struct InFlightGuard {
     uncached: u64,
     prompt: u64,
     prefilling: bool,
+    keys: Option<Arc<BlockKeys>>,
+    extra: u64,
 }
 
 impl InFlightGuard {
@@ -153,11 +280,20 @@ impl Drop for InFlightGuard {
         } else {
             l.decode_tokens.fetch_sub(self.prompt, Ordering::Relaxed);
         }
+        l.active_extra_tokens
+            .fetch_sub(self.extra, Ordering::Relaxed);
+        if let Some(k) = &self.keys {
+            l.unpin(k);
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
+    use kvgate_kvcache::{BlockKey, BlockKeys};
+
     use crate::endpoint::tests::endpoint;
 
     #[test]
@@ -217,5 +353,50 @@ mod tests {
         let _ga = a.begin_request(1, 1);
         let _gb = b.begin_request(1, 1);
         assert!(b.load().last_pick > a.load().last_pick);
+    }
+
+    #[test]
+    fn realized_share_follows_checked_predictions() {
+        let e = endpoint("http://h:1", &[]);
+        assert_eq!(e.load().realized_share, 1.0);
+        e.load.observe_realized(0, 0);
+        assert_eq!(
+            e.load().realized_share,
+            1.0,
+            "nothing predicted: nothing learned"
+        );
+        e.load.observe_realized(100, 50);
+        assert_eq!(e.load().realized_share, 0.875);
+        e.load.observe_realized(100, 400);
+        assert_eq!(e.load().realized_share, 0.90625, "capped at a full hit");
+    }
+
+    #[test]
+    fn shared_blocks_pin_once() {
+        let e = endpoint("http://h:1", &[]);
+        let keys = |ks: &[u64]| {
+            Some(Arc::new(BlockKeys {
+                keys: ks.iter().map(|k| BlockKey(*k)).collect(),
+                block_size: 16,
+            }))
+        };
+        // Two requests sharing blocks 1 and 2; the second has 5 tokens past its blocks.
+        let a = e.begin_request_with_keys(0, 32, keys(&[1, 2]));
+        let b = e.begin_request_with_keys(0, 53, keys(&[1, 2, 3]));
+        assert_eq!(e.load().active_kv_tokens, 3 * 16 + 5);
+        drop(a);
+        assert_eq!(
+            e.load().active_kv_tokens,
+            3 * 16 + 5,
+            "b still pins 1, 2, 3"
+        );
+        let c = e.begin_request(0, 10);
+        assert_eq!(
+            e.load().active_kv_tokens,
+            3 * 16 + 5 + 10,
+            "unkeyed: all unshared"
+        );
+        drop((b, c));
+        assert_eq!(e.load().active_kv_tokens, 0);
     }
 }

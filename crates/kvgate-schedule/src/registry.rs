@@ -248,6 +248,7 @@ impl EndpointRegistry {
         c.requests.fetch_add(1, Relaxed);
         c.predicted_tokens.fetch_add(predicted, Relaxed);
         c.realized_tokens.fetch_add(realized, Relaxed);
+        endpoint.load.observe_realized(predicted, realized);
         let bs = endpoint.index_block_size();
         if predicted.abs_diff(realized) > u64::from(bs) {
             c.mispredicted.fetch_add(1, Relaxed);

@@ -2,7 +2,9 @@
 //! unit: tokens.
 //!
 //! Per candidate `w`, with `N` the prompt's tokens and `C_w` the cached tokens the prefix
-//! scorer placed before this one predicted there:
+//! scorer placed before this one predicted there, times the share of its predictions the
+//! engine recently realized ([`crate::LoadSnapshot::realized_share`]: below 1 when it evicts
+//! what the index says it holds, e.g. its KV is overcommitted):
 //! - `P_w = max(1, N − min(C_w, N − 1))`: the uncached tokens this request brings (the engine
 //!   always computes the last prompt token). They are prefill work, and KV the engine must
 //!   allocate: on a full cache, that many tokens of other prefixes are evicted;
@@ -16,20 +18,19 @@
 //!   so requests of one conversation group do not count their common prefix again);
 //! - `cost_w = Q_w + P_w` (when its prompt is computed: time to first token, in tokens)
 //!   `+ new_kv_weight · P_w` (the KV it allocates) `+ active_kv_weight · U_w` (the KV in use
-//!   by requests in flight) `+ kv_overflow_weight · max(0, U_w + P_w − K_w)` (KV beyond the
-//!   engine's capacity `K_w`, scraped `num_gpu_blocks × block_size`: requests that must wait
-//!   for blocks or be preempted and recomputed), × `(R_w + 1)` (requests in flight, the
+//!   by requests in flight) `+ kv_overflow_weight · max(0, A_w + P_w − K_w)`: the KV beyond the
+//!   engine's capacity `K_w` (scraped `num_gpu_blocks × block_size`) once the request's new KV
+//!   joins `A_w`, the KV the requests in flight pin (their distinct prompt blocks, shared
+//!   blocks once: [`crate::LoadSnapshot::active_kv_tokens`]); past capacity requests wait for
+//!   blocks or are preempted and recomputed, × `(R_w + 1)` (requests in flight, the
 //!   larger of this router's count and the scraped running + waiting) when
 //!   `in_flight_multiplier` is on (vllm-router's kv_aware shape).
 //!
 //! The KV terms matter where prefill time alone misleads. A burst sibling of a request still
 //! prefilling costs `Q + 1` there and about `N` on an idle engine: prefill time calls that
-//! even, counting the KV it allocates keeps the sibling with the prefix being computed. And
-//! many requests sharing one prefix (agents with one tool schema) each look cheap on the
-//! holder, since their prefill is small, while their own KV piles up there until the engine
-//! runs out of blocks and queues them: the overflow term moves them once their KV would no
-//! longer fit. Both only bite where they should: a sibling's KV is small, and an engine far
-//! from full pays no overflow.
+//! even, counting the KV it allocates keeps the sibling with the prefix being computed. When
+//! requests sharing one prefix pile their own KV onto its holder past the engine's capacity,
+//! the overflow term charges the tokens that no longer fit.
 //!
 //! The score is `min_w cost / cost_w` (the cheapest scores 1), so in a profile of its own the
 //! max-score picker takes the cheapest. Costs within one KV block (the endpoints' index block
@@ -105,7 +106,7 @@ impl Default for PrefillCostScorerConfig {
     }
 }
 
-/// Scores by predicted prefill work (queued + this request's uncached tokens).
+/// Scores by predicted cost in tokens (see the module docs).
 #[derive(Debug)]
 pub struct PrefillCostScorer {
     config: PrefillCostScorerConfig,
@@ -128,10 +129,12 @@ pub(crate) struct CostInput {
 }
 
 impl CostInput {
-    /// `P`: the uncached tokens the request brings here, at least 1.
+    /// `P`: the uncached tokens the request brings here, at least 1; the predicted hit counts
+    /// at the share of predictions the engine recently realized.
     pub(crate) fn uncached(&self) -> u64 {
+        let cached = (self.cached as f64 * self.load.realized_share.clamp(0.0, 1.0)) as u64;
         match self.prompt {
-            Some(n) if n > 0 => n - self.cached.min(n - 1),
+            Some(n) if n > 0 => n - cached.min(n - 1),
             _ => 1,
         }
     }
@@ -184,7 +187,7 @@ impl PrefillCostScorer {
             + new * (1.0 + self.config.new_kv_weight)
             + load.uncached_tokens as f64 * self.config.active_kv_weight;
         if let Some(capacity) = c.capacity {
-            let after = (load.uncached_tokens + c.uncached()) as f64;
+            let after = (load.active_kv_tokens + c.uncached()) as f64;
             cost += (after - capacity as f64).max(0.0) * self.config.kv_overflow_weight;
         }
         if self.config.in_flight_multiplier {

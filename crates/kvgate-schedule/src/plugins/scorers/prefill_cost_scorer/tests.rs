@@ -24,8 +24,7 @@ fn load(requests: u64, prefill_requests: u64, prefill_tokens: u64) -> LoadSnapsh
         uncached_tokens: prefill_tokens,
         prefill_requests,
         prefill_tokens,
-        decode_tokens: 0,
-        last_pick: 0,
+        ..LoadSnapshot::default()
     }
 }
 
@@ -200,18 +199,21 @@ fn cost_table() {
 }
 
 /// The KV terms, one weight flipped per row, on 600 cached of 1000 with 200 queued (and
-/// allocated) tokens in flight and a 1000-token cache.
+/// allocated, and pinned) tokens in flight and a 1000-token cache.
 #[test]
 fn kv_terms_table() {
     let input = CostInput {
         prompt: Some(1000),
         cached: 600,
-        load: load(2, 1, 200),
+        load: LoadSnapshot {
+            active_kv_tokens: 200,
+            ..load(2, 1, 200)
+        },
         waiting: None,
         running: None,
         capacity: Some(1000),
     };
-    // Q = 200, P = 400, U = 200; U + P = 600 fits.
+    // Q = 200, P = 400, U = 200, active KV A = 200; A + P = 600 fits.
     let rows = [
         ("prefill only", 0.0, 0.0, 0.0, None, 600.0),
         ("+ the KV it allocates", 1.0, 0.0, 0.0, None, 1000.0),
@@ -382,4 +384,18 @@ fn costs_within_a_block_tie_and_the_smaller_computation_wins() {
         Some(1),
         "b computes 8 tokens less"
     );
+}
+
+/// A predicted hit counts at the share the engine recently realized.
+#[test]
+fn predicted_hits_count_at_the_realized_share() {
+    let s = scorer(false, true);
+    let mut input = CostInput {
+        prompt: Some(1000),
+        cached: 800,
+        ..CostInput::default()
+    };
+    assert_eq!(s.cost(&input), 200.0, "predictions hold");
+    input.load.realized_share = 0.5;
+    assert_eq!(s.cost(&input), 600.0, "half of them held lately");
 }
