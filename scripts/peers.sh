@@ -7,16 +7,32 @@
 # until it answers, every engine's prefix cache is reset, `kvgate bench --target` runs, and the
 # router is stopped. The table gives the median of the repeats and the spread (max - min).
 #
+# Restart mode: a router spec NAME!restart (or NAME@N!restart) runs like NAME, except that
+# --restart-after SECONDS into the bench, replica 0 is SIGKILLed and at once started again
+# with the same command line (same listen/admin ports) and polled until it answers. A
+# precise kvgate then rebuilds its index by replaying the engines' KV events from seq 0 (the
+# fleet of a workload with restart routers keeps the whole run in its replay buffer); an
+# approximate one starts blind. Requests in flight at the kill, and those sent while it is
+# down, fail and are counted in the errors column. A workload row can give restart rows
+# bench flags of their own (sp-8x9: a longer open-loop variant, see --list), since a closed
+# loop turns the downtime into a burst of instant connection errors. The kill/restart times
+# and the downtime are in the peers log, logs/<workload>.<router>.rep<k>.restart.log, the
+# router's log (marker line), raw/.../restart.json and a Restarts table in summary.md (hit
+# rate before the kill vs after the restart).
+#
 # Usage: scripts/peers.sh [options]
 #   --out DIR                 output directory (default peers-out/)
 #   --repeats N               runs per (workload, router) (default 3)
 #   --workloads a,b           subset of workloads (default: all; see --list)
-#   --routers a,b             subset of routers, in this order (default: all; see --list)
+#   --routers a,b             subset of routers, in this order, each NAME[@N][!restart]
+#                             (default: all, plus a workload row's extra routers; see --list)
 #   --kvgate-variant NAME=FILE  extra kvgate router: `kvgate serve --config FILE` (scheduler
 #                             plugins/profiles only) with KV events; NAME=approx:FILE runs it
 #                             without KV events (repeatable)
 #   --replicas N              replica count of the NAME@N routers in the default list (default 2;
 #                             0 drops them). Any router can be given as NAME@N in --routers.
+#   --restart-after SECONDS   NAME!restart routers: SIGKILL replica 0 this long after the bench
+#                             starts, then start it again (default 2; decimals allowed)
 #   --quick                   smaller workloads (smoke test)
 #   --list                    print workloads and routers, then exit
 #   -h, --help
@@ -37,7 +53,7 @@ KVGATE=${KVGATE_BIN:-$ROOT/target/release/kvgate}
 PEERS_VENV=${PEERS_VENV:-$HOME/.cache/kvgate-peers-venv}
 PYTHON=${PYTHON:-python3}
 TOKENIZER_DIR=${KVGATE_TOKENIZER:-$ROOT/testdata/tokenizers/qwen3}
-MOONCAKE_TRACE=${MOONCAKE_TRACE:-/work/shared/data/mooncake/conversation_trace.jsonl}
+MOONCAKE_TRACE=${MOONCAKE_TRACE:-$ROOT/../shared/data/mooncake/conversation_trace.jsonl}
 READY_TIMEOUT=${READY_TIMEOUT:-120}
 PEER_PINS=(vllm-router==0.1.17 sglang-router==0.3.2)
 
@@ -49,22 +65,31 @@ FLEET_FLAGS=(--instances 4 --num-gpu-blocks 320 --prefill-tokens-per-s 10000
 BENCH_COMMON=(--max-tokens 16 --seed 7 --quiet)
 
 # name | sim flags (override FLEET_FLAGS) | bench flags | bench flags with --quick (empty: same)
-# mooncake: the first 600 trace requests (200 s of traffic, replayed at 2x; 17% of blocks are
-# reuses even with an infinite cache, and the first 60 reuse almost nothing), engines big
-# enough for the trace's longest prompt (87k tokens in the first 60), output capped at 16.
+#   | extra routers of the default list for this workload | bench flags of NAME!restart rows
+#   (empty: the row's bench flags; used with --quick too)
+# sp-8x9's restart rows: 96 conversations of 4 turns, open loop at 6 conversations/s (about 16 s;
+# --restart-after 2 kills at ~15%); open loop so that requests keep arriving at their own pace
+# while the router is down. At 6/s kvgate and kvgate-approx are stable without a restart (both
+# 93.6% in a trial); at 10/s kvgate (precise) fell into a cache-thrashing regime (71.6%) even
+# without one.
+# mooncake: the first 2,000 trace requests (about 10 minutes of traffic, replayed at 4x, which a 2-core box running the sims too keeps up with),
+# engines with 32,768 KV blocks (524k tokens) each and fast
+# enough to keep up (400k prefill tokens/s), output capped at 16; the bench's bounded-cache
+# oracle gets the fleet's total blocks (4 x 32,768).
 # A row whose --workload value or any --flag is missing from `kvgate bench --help` is skipped
 # with the reason printed, so rows for features still being written can sit here.
 WORKLOAD_ROWS=(
-  "sp-8x9||--workload shared-prefix --groups 8 --conversations-per-group 9 --turns 3 --system-tokens 2048 --concurrency 8|--workload shared-prefix --groups 4 --conversations-per-group 3 --turns 2 --system-tokens 2048 --concurrency 8"
+  "sp-8x9||--workload shared-prefix --groups 8 --conversations-per-group 9 --turns 3 --system-tokens 2048 --concurrency 8|--workload shared-prefix --groups 4 --conversations-per-group 3 --turns 2 --system-tokens 2048 --concurrency 8|kvgate!restart kvgate-approx!restart|--workload shared-prefix --groups 8 --conversations-per-group 12 --turns 4 --system-tokens 2048 --rate 6"
   "sp-32x3||--workload shared-prefix --groups 32 --conversations-per-group 3 --turns 3 --system-tokens 512 --concurrency 8|--workload shared-prefix --groups 8 --conversations-per-group 2 --turns 2 --system-tokens 512 --concurrency 8"
   "huge-4x12||--workload shared-prefix --groups 4 --conversations-per-group 12 --turns 3 --system-tokens 4000 --concurrency 8|--workload shared-prefix --groups 4 --conversations-per-group 3 --turns 2 --system-tokens 4000 --concurrency 8"
   "agentic||--workload agentic --concurrency 8|--workload agentic --agents 4 --rounds 2 --concurrency 8"
   "burst||--workload burst --concurrency 8|--workload burst --bursts 4 --siblings 4 --concurrency 8"
-  "mooncake|--num-gpu-blocks 8192 --max-model-len 131072 --prefill-tokens-per-s 100000|--workload mooncake --trace $MOONCAKE_TRACE --max-requests 600 --trace-speed 2 --max-output-tokens 16|--workload mooncake --trace $MOONCAKE_TRACE --max-requests 60 --trace-speed 2 --max-output-tokens 16"
+  "mooncake|--num-gpu-blocks 32768 --max-model-len 131072 --prefill-tokens-per-s 400000|--workload mooncake --trace $MOONCAKE_TRACE --max-requests 2000 --trace-speed 4 --max-output-tokens 16 --oracle-blocks 131072|--workload mooncake --trace $MOONCAKE_TRACE --max-requests 200 --trace-speed 10 --max-output-tokens 16 --oracle-blocks 131072"
 )
 
 # Routers. NAME@N = N replicas of NAME behind one multi-URL bench target (needs the bench's
-# NAME=URL1,URL2 targets; skipped with a reason otherwise).
+# NAME=URL1,URL2 targets; skipped with a reason otherwise). NAME!restart (NAME@N!restart):
+# replica 0 is killed and restarted during the bench (see the top).
 BASE_ROUTERS=(rr vllm-kv vllm-cache smg kvgate kvgate-approx)
 describe_router() {
   case $1 in
@@ -84,6 +109,7 @@ REPEATS=3
 SEL_WORKLOADS=""
 SEL_ROUTERS=""
 REPLICAS=2
+RESTART_AFTER=2
 QUICK=0
 LIST=0
 declare -A VARIANT_FILE=() VARIANT_MODE=()
@@ -100,6 +126,7 @@ while (($#)); do
     --workloads) SEL_WORKLOADS=${2:?}; shift 2 ;;
     --routers) SEL_ROUTERS=${2:?}; shift 2 ;;
     --replicas) REPLICAS=${2:?}; shift 2 ;;
+    --restart-after) RESTART_AFTER=${2:?--restart-after needs SECONDS}; shift 2 ;;
     --kvgate-variant)
       spec=${2:?--kvgate-variant needs NAME=FILE}; shift 2
       name=${spec%%=*}; file=${spec#*=}
@@ -120,6 +147,11 @@ while (($#)); do
 done
 [[ $REPEATS =~ ^[1-9][0-9]*$ ]] || die "--repeats must be a positive integer"
 [[ $REPLICAS =~ ^[0-9]+$ ]] || die "--replicas must be a non-negative integer"
+[[ $RESTART_AFTER =~ ^[0-9]+(\.[0-9]+)?$ ]] || die "--restart-after must be a number of seconds"
+RESTART_AFTER_US=$(awk -v s="$RESTART_AFTER" 'BEGIN { printf "%d", s * 1000000 }')
+# The sim's replay buffer for fleets of workloads with restart routers (batches per engine;
+# the default 10,000 would do for sp-8x9, this leaves room for a whole fleet's lifetime).
+RESTART_BUFFER_STEPS=1000000
 
 ALL_ROUTERS=("${BASE_ROUTERS[@]}" "${VARIANT_NAMES[@]}")
 DEFAULT_ROUTERS=("${ALL_ROUTERS[@]}")
@@ -127,11 +159,17 @@ if ((REPLICAS > 1)); then DEFAULT_ROUTERS+=("kvgate@$REPLICAS" "kvgate-approx@$R
 
 if ((LIST)); then
   echo "workloads (name | sim flags | bench flags):"
-  for row in "${WORKLOAD_ROWS[@]}"; do IFS='|' read -r n s b _ <<<"$row"; echo "  $n | ${s:-(fleet defaults)} | $b"; done
+  for row in "${WORKLOAD_ROWS[@]}"; do
+    IFS='|' read -r n s b _ x rb <<<"$row"; echo "  $n | ${s:-(fleet defaults)} | $b"
+    [[ -n $x ]] && echo "      + default routers: $x"
+    [[ -n $rb ]] && echo "      NAME!restart rows run instead (also with --quick): $rb"
+  done
   echo "routers:"
   for r in "${ALL_ROUTERS[@]}"; do echo "  $r: $(describe_router "$r")"; done
-  echo "  NAME@N: N replicas of NAME behind one multi-URL target (default list: ${DEFAULT_ROUTERS[*]})"
+  echo "  NAME@N: N replicas of NAME behind one multi-URL target (default list: ${DEFAULT_ROUTERS[*]}, plus a workload's extra routers)"
+  echo "  NAME!restart, NAME@N!restart: NAME with replica 0 SIGKILLed ${RESTART_AFTER}s into the bench (--restart-after) and restarted on the same ports"
   echo "fleet: kvgate sim ${FLEET_FLAGS[*]}"
+  echo "  (+ --kv-events-buffer-steps $RESTART_BUFFER_STEPS for a workload with NAME!restart routers)"
   exit 0
 fi
 
@@ -148,12 +186,17 @@ trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 
-# start_bg LOG CMD... : starts CMD in its own process group (setsid) with output to LOG;
-# sets LAST_PID.
+# start_bg LOG CMD... : starts CMD in its own process group (setsid) with output to LOG
+# (appended to when BG_APPEND=1); sets LAST_PID.
+BG_APPEND=0
 start_bg() {
   local logf=$1; shift
   printf '%q ' "$@" >>"$OUT/commands.log"; echo >>"$OUT/commands.log"
-  setsid "$@" >"$logf" 2>&1 </dev/null &
+  if ((BG_APPEND)); then
+    setsid "$@" >>"$logf" 2>&1 </dev/null &
+  else
+    setsid "$@" >"$logf" 2>&1 </dev/null &
+  fi
   LAST_PID=$!
   PIDS+=("$LAST_PID")
 }
@@ -208,10 +251,10 @@ EOF
   PORT_BASE=$base
 }
 
-# wait_http URL PID LOG NAME : polls URL until it answers 2xx; fails if PID dies or after
-# READY_TIMEOUT seconds.
+# wait_http URL PID LOG NAME [INTERVAL] : polls URL (every INTERVAL s, default 0.2) until it
+# answers 2xx; fails if PID dies or after READY_TIMEOUT seconds.
 wait_http() {
-  local url=$1 pid=$2 logf=$3 name=$4 deadline=$((SECONDS + READY_TIMEOUT))
+  local url=$1 pid=$2 logf=$3 name=$4 interval=${5:-0.2} deadline=$((SECONDS + READY_TIMEOUT))
   while ! curl -fsS -m 2 -o /dev/null "$url" 2>/dev/null; do
     if ! kill -0 "$pid" 2>/dev/null; then
       echo "$name exited before answering $url; last log lines ($logf):" >&2
@@ -223,7 +266,7 @@ wait_http() {
       tail -n 20 "$logf" >&2
       return 1
     fi
-    sleep 0.2
+    sleep "$interval"
   done
 }
 
@@ -284,12 +327,39 @@ fi
 ROUTERS=()
 if [[ -n $SEL_ROUTERS ]]; then IFS=',' read -r -a ROUTERS <<<"$SEL_ROUTERS"; else ROUTERS=("${DEFAULT_ROUTERS[@]}"); fi
 is_known_router() { local r; for r in "${ALL_ROUTERS[@]}"; do [[ $r == "$1" ]] && return 0; done; return 1; }
+# parse_router SPEC : NAME[@N][!restart] -> P_BASE, P_N (replicas), P_RESTART (0|1).
+parse_router() {
+  local r=$1 core=$1
+  P_RESTART=0
+  if [[ $core == *'!restart'* ]]; then P_RESTART=1; core=${core/'!restart'/}; fi
+  [[ $core != *'!'* ]] || die "router '$r': the only ! suffix is !restart (NAME!restart, NAME@N!restart)"
+  P_BASE=${core%@*}; P_N=1
+  if [[ $core == *@* ]]; then
+    P_N=${core#*@}
+    [[ $P_N =~ ^[1-9][0-9]*$ ]] || die "router '$r': N in NAME@N must be a positive integer"
+  fi
+  is_known_router "$P_BASE" || die "unknown router '$r' (known: ${ALL_ROUTERS[*]}, or NAME@N, NAME!restart)"
+}
+# workload_routers WL : sets WL_ROUTERS, the routers WL runs: --routers as given, else the
+# default list plus the workload row's extra routers.
+workload_routers() {
+  local x r
+  WL_ROUTERS=("${ROUTERS[@]}")
+  [[ -n $SEL_ROUTERS ]] && return 0
+  IFS='|' read -r _ _ _ _ x _ <<<"${ROW_BY_NAME[$1]}"
+  for r in $x; do
+    case " ${WL_ROUTERS[*]} " in *" $r "*) ;; *) WL_ROUTERS+=("$r") ;; esac
+  done
+}
 NEED_PEERS=0
-for r in "${ROUTERS[@]}"; do
-  base=${r%@*}
-  is_known_router "$base" || die "unknown router '$r' (known: ${ALL_ROUTERS[*]}, or NAME@N)"
-  if [[ $r == *@* ]]; then [[ ${r#*@} =~ ^[1-9][0-9]*$ ]] || die "router '$r': N in NAME@N must be a positive integer"; fi
-  case $base in rr|vllm-*|smg) NEED_PEERS=1 ;; esac
+ROUTER_ORDER=()
+for w in "${WORKLOADS[@]}"; do
+  workload_routers "$w"
+  for r in "${WL_ROUTERS[@]}"; do
+    parse_router "$r"
+    case $P_BASE in rr|vllm-*|smg) NEED_PEERS=1 ;; esac
+    case " ${ROUTER_ORDER[*]} " in *" $r "*) ;; *) ROUTER_ORDER+=("$r") ;; esac
+  done
 done
 
 # The peers' venv (created when a selected peer's binary is missing).
@@ -309,7 +379,7 @@ mkdir -p "$OUT/raw" "$OUT/logs"
 OUT=$(cd "$OUT" && pwd)
 : >"$OUT/commands.log"
 : >"$OUT/status.tsv"
-{ echo "workloads: ${WORKLOADS[*]}"; echo "routers: ${ROUTERS[*]}"; } >"$OUT/order.txt"
+{ echo "workloads: ${WORKLOADS[*]}"; echo "routers: ${ROUTER_ORDER[*]}"; } >"$OUT/order.txt"
 {
   echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)  host: $(uname -sr), $(nproc) cores"
   echo "kvgate: $KVGATE ($(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo '?')$(git -C "$ROOT" diff --quiet 2>/dev/null || echo ', dirty tree'))"
@@ -319,6 +389,9 @@ OUT=$(cd "$OUT" && pwd)
   echo "fleet: kvgate sim ${FLEET_FLAGS[*]} (+ per-workload sim flags)"
   echo "bench: kvgate bench --target NAME=URL --reset <each engine> <workload flags> ${BENCH_COMMON[*]}"
   echo "repeats: $REPEATS (router order alternates), quick: $QUICK"
+  case " ${ROUTER_ORDER[*]}" in *'!restart'*)
+    echo "restart: NAME!restart rows SIGKILL replica 0 ${RESTART_AFTER}s after the bench starts and restart it on the same ports; their fleets keep $RESTART_BUFFER_STEPS KV event batches for replay" ;;
+  esac
 } >"$OUT/meta.txt"
 
 status() { printf '%s\t%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$4" "${5:-}" >>"$OUT/status.tsv"; }
@@ -402,10 +475,15 @@ stop_fleet() { [[ -n $SIM_PID ]] && stop_pid "$SIM_PID"; SIM_PID=""; }
 
 # ---------------------------------------------------------------- routers
 # start_one BASE LOGPREFIX : starts one instance of router BASE; appends its URL to R_URLS
-# and its Prometheus URL to R_METRICS.
+# and its Prometheus URL to R_METRICS (and what restart_replica needs to R_CMDQ, R_READY,
+# R_LOGF). kvgate's log filter is R_KVGATE_LOG.
 R_PIDS=()
 R_URLS=()
 R_METRICS=()
+R_CMDQ=()
+R_READY=()
+R_LOGF=()
+R_KVGATE_LOG=warn
 start_one() {
   local base=$1 logf="$2.log" port admin prom i ready metrics
   local -a cmd=() eps=()
@@ -445,13 +523,16 @@ start_one() {
           eps+=(--endpoint "${SIM_URLS[i]}")
         fi
       done
-      cmd=(env NO_COLOR=1 KVGATE_LOG=warn "$KVGATE" serve --listen "127.0.0.1:$port" --admin-listen "127.0.0.1:$admin"
-        "${eps[@]}" --tokenizer "$MODEL=$TOKENIZER_DIR")
+      cmd=(env NO_COLOR=1 "KVGATE_LOG=$R_KVGATE_LOG" "$KVGATE" serve --listen "127.0.0.1:$port" --admin-listen "127.0.0.1:$admin"
+        "${eps[@]}" --tokenizer "$MODEL=$TOKENIZER_DIR" --decision-log "$2.decisions.jsonl")
       if [[ -n ${VARIANT_FILE[$base]:-} ]]; then cmd+=(--config "${VARIANT_FILE[$base]}"); fi
       ready="http://127.0.0.1:$admin/ready"; metrics="http://127.0.0.1:$admin/metrics" ;;
   esac
   start_bg "$logf" "${cmd[@]}"
   R_PIDS+=("$LAST_PID")
+  R_CMDQ+=("$(printf '%q ' "${cmd[@]}")")
+  R_READY+=("$ready")
+  R_LOGF+=("$logf")
   wait_http "$ready" "$LAST_PID" "$logf" "$base" || return 1
   # The proxy port must answer too (for kvgate, /ready is on the admin port).
   wait_http "http://127.0.0.1:$port/v1/models" "$LAST_PID" "$logf" "$base" || return 1
@@ -462,16 +543,137 @@ start_one() {
 stop_router() {
   local pid
   for pid in "${R_PIDS[@]}"; do stop_pid "$pid"; done
-  R_PIDS=(); R_URLS=(); R_METRICS=()
+  R_PIDS=(); R_URLS=(); R_METRICS=(); R_CMDQ=(); R_READY=(); R_LOGF=()
 }
 
-# run_one WORKLOAD ROUTER REPEAT BENCH_FLAGS... : fresh router, reset, bench, stop.
+now_us() { echo "${EPOCHREALTIME/./}"; }
+# us_s MICROSECONDS : as seconds with 3 decimals; clock_of EPOCH_US : as HH:MM:SS.mmm.
+us_s() { printf '%d.%03d' "$(($1 / 1000000))" "$((($1 % 1000000) / 1000))"; }
+clock_of() { date -d "@$(us_s "$1")" +%H:%M:%S.%3N; }
+
+# restart_replica I : SIGKILLs router replica I (its process group), then starts it again
+# with the same command line (so on the same ports; an existing decision log is moved to
+# *.before-restart.jsonl first, since kvgate truncates it) and polls its ready URL and proxy
+# port every 50 ms. Sets RS_KILL_US, RS_DEAD_US (reaped), RS_SPAWN_US, RS_UP_US (answering;
+# empty when it did not come back), RS_OLD_PID, RS_NEW_PID; epoch microseconds.
+restart_replica() {
+  local i=$1 logf=${R_LOGF[$1]} pid=${R_PIDS[$1]} p a prev="" keep=()
+  local -a cmd=()
+  eval "cmd=(${R_CMDQ[i]})"
+  RS_OLD_PID=$pid RS_NEW_PID="" RS_UP_US=""
+  RS_KILL_US=$(now_us)
+  kill -KILL -- "-$pid" 2>/dev/null || kill -KILL "$pid" 2>/dev/null || true
+  wait "$pid" 2>/dev/null || true
+  RS_DEAD_US=$(now_us)
+  for p in "${PIDS[@]}"; do [[ $p == "$pid" ]] || keep+=("$p"); done
+  PIDS=("${keep[@]}")
+  for a in "${cmd[@]}"; do
+    if [[ $prev == --decision-log && -f $a ]]; then mv -f "$a" "${a%.jsonl}.before-restart.jsonl"; fi
+    prev=$a
+  done
+  echo "=== peers.sh $(date +%H:%M:%S.%3N): SIGKILL pid $pid; restarting with the same command line" >>"$logf"
+  echo "# restart of replica $i (pid $pid SIGKILLed):" >>"$OUT/commands.log"
+  BG_APPEND=1 start_bg "$logf" "${cmd[@]}"
+  RS_SPAWN_US=$(now_us)
+  RS_NEW_PID=$LAST_PID
+  R_PIDS[i]=$LAST_PID
+  local port=${R_URLS[i]##*:}
+  if wait_http "${R_READY[i]}" "$LAST_PID" "$logf" "restarted replica $i" 0.05 &&
+    wait_http "http://127.0.0.1:$port/v1/models" "$LAST_PID" "$logf" "restarted replica $i" 0.05; then
+    RS_UP_US=$(now_us)
+    echo "=== peers.sh $(date +%H:%M:%S.%3N): restarted (pid $LAST_PID) answers again, down $(us_s $((RS_UP_US - RS_KILL_US))) s" >>"$logf"
+  fi
+}
+
+# restart_record LOGP DIR ROUTER BENCH_FLAGS... : after a NAME!restart run, writes
+# LOGP.restart.log and DIR/restart.json (times from restart_replica and BENCH_LAUNCH_US, the
+# replays the restarted replica logged, its kv_replays metrics) and logs a summary line.
+restart_record() {
+  local logp=$1 dir=$2 router=$3; shift 3
+  local rlog="$logp.restart.log" line
+  {
+    echo "router $router, replica 0, --restart-after ${RESTART_AFTER}s"
+    echo "bench launched      $(clock_of "$BENCH_LAUNCH_US")"
+    if [[ -n ${RS_KILL_US:-} ]]; then
+      echo "SIGKILL pid $RS_OLD_PID  $(clock_of "$RS_KILL_US") (+$(us_s $((RS_KILL_US - BENCH_LAUNCH_US))) s after the bench launch)"
+      echo "reaped              $(clock_of "$RS_DEAD_US") (+$(us_s $((RS_DEAD_US - RS_KILL_US))) s)"
+      echo "restarted pid $RS_NEW_PID $(clock_of "$RS_SPAWN_US") (+$(us_s $((RS_SPAWN_US - RS_KILL_US))) s)"
+      if [[ -n $RS_UP_US ]]; then
+        echo "answering again     $(clock_of "$RS_UP_US"): down $(us_s $((RS_UP_US - RS_KILL_US))) s"
+      else
+        echo "did NOT answer again (see ${R_LOGF[0]:-the router log})"
+      fi
+    else
+      echo "no restart: the bench ended before ${RESTART_AFTER}s"
+    fi
+  } >"$rlog"
+  [[ -d $dir ]] || mkdir -p "$dir"
+  "$PY" - "$rlog" "$dir/restart.json" "$logp.0.log" "$logp.0.metrics.txt" "$router" "$RESTART_AFTER" \
+    "$BENCH_LAUNCH_US" "${RS_KILL_US:-}" "${RS_DEAD_US:-}" "${RS_SPAWN_US:-}" "${RS_UP_US:-}" "$*" <<'PYEOF'
+import json, re, sys
+from datetime import datetime
+rlog, out, rtr_log, metrics, router, after, launch, kill, dead, spawn, up, flags = sys.argv[1:13]
+us = lambda v: int(v) if v else None
+rec = {"router": router, "replica": 0, "restart_after_s": float(after), "bench_flags": flags,
+       "bench_launch_unix_us": us(launch), "kill_unix_us": us(kill), "reaped_unix_us": us(dead),
+       "spawn_unix_us": us(spawn), "up_unix_us": us(up)}
+rec["restarted"] = rec["kill_unix_us"] is not None
+rec["back_up"] = rec["up_unix_us"] is not None
+rec["downtime_s"] = (rec["up_unix_us"] - rec["kill_unix_us"]) / 1e6 if rec["back_up"] else None
+replays, after_kill = [], False
+try:
+    for line in open(rtr_log, errors="replace"):
+        if line.startswith("=== peers.sh") and "SIGKILL" in line:
+            after_kill = True
+        elif after_kill and ("kv replay" in line or "kv event" in line):
+            replays.append(re.sub(r"\x1b\[[0-9;]*m", "", line).strip())
+except OSError:
+    pass
+rec["replay_log_lines"] = replays
+rec["replays_complete"] = sum("kv event gap replayed" in l for l in replays)
+# When the last complete replay was logged (kvgate's log times are UTC ISO-8601).
+done = None
+for l in replays:
+    if "kv event gap replayed" in l:
+        try:
+            done = datetime.fromisoformat(l.split()[0].replace("Z", "+00:00")).timestamp()
+        except ValueError:
+            pass
+rec["last_replay_unix_us"] = int(done * 1e6) if done else None
+rec["last_replay_s_after_kill"] = (done - rec["kill_unix_us"] / 1e6) if done and rec["kill_unix_us"] else None
+try:
+    rec["replay_metrics"] = [l.strip() for l in open(metrics) if "kv_replays" in l and not l.startswith("#")]
+except OSError:
+    rec["replay_metrics"] = []
+json.dump(rec, open(out, "w"), indent=2)
+with open(rlog, "a") as f:
+    f.write(f"kv-event log lines of the restarted replica: {len(replays)}"
+            f" ({rec['replays_complete']} complete replays")
+    if rec["last_replay_s_after_kill"] is not None:
+        f.write(f", the last {rec['last_replay_s_after_kill']:.3f} s after the kill")
+    f.write(")\n")
+    for l in replays:
+        f.write(f"  {l}\n")
+    for l in rec["replay_metrics"]:
+        f.write(f"  metric {l}\n")
+PYEOF
+  if [[ -z ${RS_KILL_US:-} ]]; then line="no restart: the bench ended before ${RESTART_AFTER}s"
+  elif [[ -z $RS_UP_US ]]; then line="SIGKILL at +$(us_s $((RS_KILL_US - BENCH_LAUNCH_US))) s, replica 0 did NOT come back"
+  else line="SIGKILL at +$(us_s $((RS_KILL_US - BENCH_LAUNCH_US))) s after the bench launch, down $(us_s $((RS_UP_US - RS_KILL_US))) s"
+  fi
+  log "restart $(basename "$logp"): $line; $(grep -c 'kv event gap replayed' "$rlog" || true) complete replay(s) logged after it (logs/$(basename "$rlog"))"
+}
+
+# run_one WORKLOAD ROUTER REPEAT BENCH_FLAGS... : fresh router, reset, bench, stop; for a
+# NAME!restart router, replica 0 is killed and restarted RESTART_AFTER into the bench.
 run_one() {
   local wl=$1 router=$2 rep=$3; shift 3
-  local base=${router%@*} n=1 i dir="$OUT/raw/$wl/$router/rep$rep" logp="$OUT/logs/$wl.$router.rep$rep"
-  [[ $router == *@* ]] && n=${router#*@}
-  rm -rf "$dir"
-  R_PIDS=(); R_URLS=(); R_METRICS=()
+  local base n restart i dir="$OUT/raw/$wl/$router/rep$rep" logp="$OUT/logs/$wl.$router.rep$rep"
+  parse_router "$router"; base=$P_BASE n=$P_N restart=$P_RESTART
+  R_KVGATE_LOG=warn
+  ((restart)) && R_KVGATE_LOG=warn,kvgate_kvcache=info # + "kv events connected", "kv event gap replayed"
+  rm -rf "$dir" "$logp.restart.log"
+  R_PIDS=(); R_URLS=(); R_METRICS=(); R_CMDQ=(); R_READY=(); R_LOGF=()
   for ((i = 0; i < n; i++)); do
     if ! start_one "$base" "$logp.$i"; then
       stop_router
@@ -487,16 +689,32 @@ run_one() {
   for u in "${SIM_URLS[@]}"; do resets+=(--reset "$u"); done
   local -a cmd=("$KVGATE" bench --target "$router=$target" "${resets[@]}" --model "$MODEL" "$@" "${BENCH_COMMON[@]}" --out "$dir")
   printf '%q ' "${cmd[@]}" >>"$OUT/commands.log"; echo >>"$OUT/commands.log"
-  local t0=$SECONDS bench_ok=0 bench_pid
+  local t0=$SECONDS bench_ok=0 bench_pid rs_state=""
+  RS_KILL_US="" RS_UP_US=""
+  BENCH_LAUNCH_US=$(now_us)
   # In the background, so a signal reaches the trap (and stops the bench) at once.
   "${cmd[@]}" >"$logp.bench.log" 2>&1 </dev/null &
   bench_pid=$!
   PIDS+=("$bench_pid")
+  if ((restart)); then
+    local until_us=$((BENCH_LAUNCH_US + RESTART_AFTER_US))
+    while kill -0 "$bench_pid" 2>/dev/null && (($(now_us) < until_us)); do sleep 0.02; done
+    if kill -0 "$bench_pid" 2>/dev/null; then
+      restart_replica 0
+      if [[ -n $RS_UP_US ]]; then rs_state=ok; else rs_state=failed; fi
+    else
+      rs_state=none
+    fi
+  fi
   if wait "$bench_pid"; then bench_ok=1; fi
   stop_pid "$bench_pid"
   if ((bench_ok)) && [[ -f $dir/results.json ]]; then
     log "$wl / $router rep $rep ($((SECONDS - t0))s): $("$PY" "$SCRIPTS/peers_table.py" --one "$dir/results.json")"
-    status "$wl" "$router" "$rep" ok
+    case $rs_state in
+      none) status "$wl" "$router" "$rep" no-restart "the bench ended before --restart-after ${RESTART_AFTER}s; nothing was killed" ;;
+      failed) status "$wl" "$router" "$rep" failed "replica 0 did not answer after the restart, see logs/$(basename "$logp").0.log" ;;
+      *) status "$wl" "$router" "$rep" ok ;;
+    esac
   else
     log "FAIL $wl / $router rep $rep: kvgate bench failed; last lines of $logp.bench.log:"
     tail -n 5 "$logp.bench.log" >&2
@@ -506,27 +724,45 @@ run_one() {
   for ((i = 0; i < ${#R_METRICS[@]}; i++)); do
     curl -fsS -m 5 "${R_METRICS[i]}" >"$logp.$i.metrics.txt" 2>/dev/null || rm -f "$logp.$i.metrics.txt"
   done
+  # (for a restarted replica, its metrics count from the restart)
+  ((restart)) && restart_record "$logp" "$dir" "$router" "$@"
   stop_router
 }
 
 # ---------------------------------------------------------------- main loop
-log "output: $OUT; workloads: ${WORKLOADS[*]}; routers: ${ROUTERS[*]}; repeats: $REPEATS"
+log "output: $OUT; workloads: ${WORKLOADS[*]}; routers: ${ROUTER_ORDER[*]}; repeats: $REPEATS"
+SIM_HELP=$("$KVGATE" sim --help 2>&1 || true)
 for wl in "${WORKLOADS[@]}"; do
-  IFS='|' read -r _ sim_flags bench_flags quick_flags <<<"${ROW_BY_NAME[$wl]}"
+  IFS='|' read -r _ sim_flags bench_flags quick_flags _ restart_flags <<<"${ROW_BY_NAME[$wl]}"
   ((QUICK)) && [[ -n $quick_flags ]] && bench_flags=$quick_flags
   read -r -a SIM_ROW <<<"$sim_flags"
   read -r -a BENCH_ROW <<<"$bench_flags"
+  BENCH_RESTART_ROW=("${BENCH_ROW[@]}")
+  [[ -n $restart_flags ]] && read -r -a BENCH_RESTART_ROW <<<"$restart_flags"
   problem=$(bench_row_problem "${BENCH_ROW[@]}")
   if [[ -n $problem ]]; then skip "$wl" "" "" "$problem"; continue; fi
+  restart_problem=$(bench_row_problem "${BENCH_RESTART_ROW[@]}")
+  workload_routers "$wl"
   runnable=()
-  for r in "${ROUTERS[@]}"; do
+  any_restart=0
+  for r in "${WL_ROUTERS[@]}"; do
+    parse_router "$r"
     if [[ $r == *@* && -z $MULTI_SEP ]]; then
       skip "$wl" "$r" "" "kvgate bench has no multi-URL targets (NAME=URL1,URL2) yet"
+    elif ((P_RESTART)) && [[ -n $restart_problem ]]; then
+      skip "$wl" "$r" "" "restart rows' bench flags: $restart_problem"
     else
       runnable+=("$r")
+      ((P_RESTART)) && any_restart=1
     fi
   done
   ((${#runnable[@]})) || continue
+  # Restart rows: the fleet keeps the whole run's KV events, so a restarted precise router's
+  # replay from seq 0 restores its index.
+  if ((any_restart)) && [[ " ${SIM_ROW[*]} " != *" --kv-events-buffer-steps "* ]] &&
+    grep -q -- '--kv-events-buffer-steps' <<<"$SIM_HELP"; then
+    SIM_ROW=(--kv-events-buffer-steps "$RESTART_BUFFER_STEPS" "${SIM_ROW[@]}")
+  fi
   if ! start_fleet "$wl" "${SIM_ROW[@]}"; then
     stop_fleet
     skip "$wl" "" "" "the sim fleet did not start (logs/sim-$wl.log)"
@@ -543,7 +779,11 @@ for wl in "${WORKLOADS[@]}"; do
         status "$wl" "$r" "$rep" failed "the sim fleet died (logs/sim-$wl.log)"
         continue
       fi
-      run_one "$wl" "$r" "$rep" "${BENCH_ROW[@]}"
+      if [[ $r == *'!restart'* ]]; then
+        run_one "$wl" "$r" "$rep" "${BENCH_RESTART_ROW[@]}"
+      else
+        run_one "$wl" "$r" "$rep" "${BENCH_ROW[@]}"
+      fi
     done
   done
   stop_fleet
