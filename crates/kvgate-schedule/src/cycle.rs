@@ -203,6 +203,14 @@ impl CycleState {
             .map(|(_, k)| Arc::clone(k))
     }
 
+    /// The key of the prompt's first block, from the first block keys a scorer computed.
+    pub fn first_block_key(&self) -> Option<u64> {
+        self.keys
+            .first()
+            .and_then(|(_, k)| k.keys.first())
+            .map(|k| k.0)
+    }
+
     /// The prefix match recorded by a prefix scorer in the current profile run.
     pub fn prefix_match(&self) -> Option<&PrefixMatch> {
         self.prefix.as_ref()

@@ -1,7 +1,9 @@
 //! `max-score-picker`: picks the candidate with the highest total score. Ties are broken by
 //! the tie-break keys a scorer recorded for the run ([`crate::CycleState::record_tie_break`],
 //! lowest key first: the cost scorer records fewest decode tokens, then least recently
-//! picked), and uniformly at random among candidates whose keys are equal too.
+//! picked). Among candidates whose keys are equal too, the prompt's first block key picks
+//! (when a prefix scorer computed block keys), so router replicas that see the same tie
+//! choose the same engine for the same prefix; without keys, uniformly at random.
 //!
 //! No parameters. Signal: the weighted totals only. NaN totals never win.
 //!
@@ -57,10 +59,15 @@ impl Picker for MaxScorePicker {
             let min = tied.iter().map(|i| keys[*i]).min();
             tied.retain(|i| Some(keys[*i]) == min);
         }
+        // Still tied: the prompt's first block decides when it is known, so independent
+        // router replicas choose the same engine for the same prefix; else at random.
         let nth = if tied.len() == 1 {
             0
         } else {
-            (cycle.next_random() % tied.len() as u64) as usize
+            let draw = cycle
+                .first_block_key()
+                .unwrap_or_else(|| cycle.next_random());
+            (draw % tied.len() as u64) as usize
         };
         tied.get(nth).copied()
     }
@@ -183,5 +190,33 @@ mod tests {
             seen.sort_unstable();
             assert_eq!(seen, want, "{name}");
         }
+    }
+
+    /// Ties left after the keys go by the prompt's first block: the same prefix, the same pick.
+    #[test]
+    fn remaining_ties_follow_the_first_block() {
+        let p = MaxScorePicker::new(MaxScorePickerConfig::default()).unwrap();
+        let pick = |seed: u32, request: &str| {
+            let facts = RequestFacts {
+                request_id: request.into(),
+                model: "m".into(),
+                ..Default::default()
+            }
+            .with_tokens((seed..seed + 32).collect::<Vec<u32>>(), true, vec![]);
+            let mut c = CycleState::new(facts, Instant::now());
+            let _ = c.block_keys(16);
+            p.pick(&mut c, &[1.0, 1.0, 1.0, 1.0])
+        };
+        let mut seen = HashSet::new();
+        for seed in 0..16 {
+            let first = pick(seed * 1000, "a");
+            assert_eq!(
+                first,
+                pick(seed * 1000, "b"),
+                "same prefix, other request: same pick"
+            );
+            seen.insert(first);
+        }
+        assert!(seen.len() > 1, "different prefixes spread: {seen:?}");
     }
 }
