@@ -7,17 +7,30 @@
 //! kvgate bench --overhead --target engine=http://e:8000 --target router=http://r:8080 \
 //!              --workload low-reuse --prompt-tokens 1500 --max-tokens 8 --rate 500
 //! kvgate bench --target http://r:8080 --workload replay --trace trace.jsonl
+//! kvgate bench --target http://r:8080 --workload mooncake --trace conversation_trace.jsonl \
+//!              --window 10..20 --trace-speed 4 --max-output-tokens 64 --oracle-blocks 16384
+//! kvgate bench --compare precise=http://r1:8080,http://r2:8080 rr=http://r3:8080
 //! ```
+//!
+//! A target with several comma-separated URLs is one router run as replicas: the load
+//! client sends request `r` of the workload to replica `r mod n` (see [`Target`]).
 
 use std::{path::PathBuf, sync::Arc, time::Duration};
 
 use http::Method;
 
 use crate::{
-    Agentic, Arrival, BenchError, BodyOptions, Burst, ClientOptions, History, LoadClient,
-    LoadOptions, LowReuse, NamedRun, Overhead, Replay, ReportFiles, Schedule, SharedPrefix, Target,
-    WorkloadSpec, client::endpoint_uri, compare::reset_caches, report, run_load,
+    Agentic, Arrival, BenchError, BodyOptions, Burst, ClientOptions, History, HitCeiling,
+    LoadClient, LoadOptions, LowReuse, Mooncake, NamedRun, Overhead, Replay, ReportFiles, Schedule,
+    ScopedCeiling, SharedPrefix, Target, WorkloadSpec, client::endpoint_uri, compare::reset_caches,
+    oracle::served_ceilings, report, run_load, workload::mooncake::TraceWindow,
 };
+
+/// The Qwen3 tokenizer bundled in the repository, the default of `--tokenizer`.
+pub const BUNDLED_TOKENIZER: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../../testdata/tokenizers/qwen3"
+);
 
 /// Which workload generator to use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -32,6 +45,9 @@ pub enum WorkloadKind {
     Burst,
     /// Replay a JSONL trace (`--trace FILE`).
     Replay,
+    /// Replay a Mooncake hash-block trace (`--trace FILE`) as `/v1/completions` requests
+    /// with synthesized prompts of the trace's lengths and prefix sharing.
+    Mooncake,
 }
 
 /// What goes into multi-turn histories.
@@ -49,10 +65,12 @@ pub enum HistoryArg {
 #[allow(clippy::struct_excessive_bools)]
 pub struct BenchArgs {
     /// A target to load, `NAME=URL` or `URL` (repeatable; several targets are compared).
-    #[arg(long = "target", value_name = "[NAME=]URL")]
+    /// `NAME=URL1,URL2,…` names replicas: requests go round-robin across them.
+    #[arg(long = "target", value_name = "[NAME=]URL[,URL…]")]
     pub targets: Vec<String>,
-    /// Targets to compare, in order; ratios are against the first.
-    #[arg(long, num_args = 1.., value_name = "[NAME=]URL")]
+    /// Targets to compare, in order; ratios are against the first. Each may name
+    /// replicas as `NAME=URL1,URL2,…`.
+    #[arg(long, num_args = 1.., value_name = "[NAME=]URL[,URL…]")]
     pub compare: Vec<String>,
     /// Measure router overhead: exactly two targets, the engine first, then the router.
     #[arg(long)]
@@ -64,9 +82,31 @@ pub struct BenchArgs {
     /// The workload.
     #[arg(long, value_enum, default_value_t = WorkloadKind::SharedPrefix)]
     pub workload: WorkloadKind,
-    /// The JSONL trace for `--workload replay`.
+    /// The JSONL trace for `--workload replay` and `--workload mooncake`.
     #[arg(long, value_name = "FILE")]
     pub trace: Option<PathBuf>,
+    /// mooncake: only requests whose timestamp falls in this window, in minutes of the
+    /// trace (`10..20`, `10..`, `..5`); times are re-based to the window start.
+    #[arg(long, value_name = "START..END")]
+    pub window: Option<TraceWindow>,
+    /// mooncake: only the first N requests (after the window).
+    #[arg(long, value_name = "N")]
+    pub max_requests: Option<usize>,
+    /// mooncake: cap on each request's `output_length`; `max_tokens` is
+    /// min(output_length, cap), at least 1 (`--max-tokens` does not apply).
+    #[arg(long, value_name = "N")]
+    pub max_output_tokens: Option<u32>,
+    /// mooncake: the Hugging Face tokenizer directory (tokenizer.json or tokenizer.json.gz)
+    /// prompts are sized with [default: the bundled Qwen3 tokenizer].
+    #[arg(long, value_name = "DIR")]
+    pub tokenizer: Option<PathBuf>,
+    /// mooncake: the engine block size of the hit-rate oracles, in tokens.
+    #[arg(long, default_value_t = 16)]
+    pub oracle_block_size: usize,
+    /// mooncake: also report the hit rate of one LRU cache of N blocks (the fleet's
+    /// total KV blocks, say 4 engines × their blocks).
+    #[arg(long, value_name = "N")]
+    pub oracle_blocks: Option<usize>,
     /// Open loop: new conversations per second (Poisson arrivals).
     #[arg(long, conflicts_with = "concurrency")]
     pub rate: Option<f64>,
@@ -74,7 +114,7 @@ pub struct BenchArgs {
     /// given, except for a replay trace with timestamps, which replays its own times).
     #[arg(long)]
     pub concurrency: Option<usize>,
-    /// Replay speed factor for trace timestamps.
+    /// Replay speed factor for trace timestamps (inter-arrival times are divided by it).
     #[arg(long, default_value_t = 1.0)]
     pub trace_speed: f64,
     /// Seed of the workload and the arrival schedule.
@@ -83,7 +123,7 @@ pub struct BenchArgs {
     /// The `model` field (default: the first id from the first target's `/v1/models`).
     #[arg(long)]
     pub model: Option<String>,
-    /// The `max_tokens` field.
+    /// The `max_tokens` field (mooncake uses each request's `output_length` instead).
     #[arg(long, default_value_t = 64)]
     pub max_tokens: u32,
     /// Send `stream: false` (TTFT is then the time to the whole body).
@@ -159,7 +199,7 @@ impl BenchArgs {
     /// The workload spec these arguments describe.
     ///
     /// # Errors
-    /// [`BenchError::InvalidArgument`] for `replay` without `--trace`.
+    /// [`BenchError::InvalidArgument`] for `replay` or `mooncake` without `--trace`.
     pub fn workload_spec(&self) -> Result<WorkloadSpec, BenchError> {
         Ok(match self.workload {
             WorkloadKind::SharedPrefix => WorkloadSpec::SharedPrefix(SharedPrefix {
@@ -191,6 +231,18 @@ impl BenchArgs {
                 file: self.trace.clone().ok_or_else(|| {
                     BenchError::InvalidArgument("--workload replay needs --trace FILE".into())
                 })?,
+            }),
+            WorkloadKind::Mooncake => WorkloadSpec::Mooncake(Mooncake {
+                file: self.trace.clone().ok_or_else(|| {
+                    BenchError::InvalidArgument("--workload mooncake needs --trace FILE".into())
+                })?,
+                window: self.window,
+                max_requests: self.max_requests,
+                max_output_tokens: self.max_output_tokens,
+                tokenizer: self
+                    .tokenizer
+                    .clone()
+                    .unwrap_or_else(|| PathBuf::from(BUNDLED_TOKENIZER)),
             }),
         })
     }
@@ -232,6 +284,7 @@ impl BenchArgs {
                 timeout: Duration::from_millis(self.timeout_ms),
                 api_key: self.api_key.clone(),
             },
+            lockstep: false,
         }
     }
 }
@@ -245,6 +298,9 @@ pub struct BenchOutcome {
     pub overhead: Option<Overhead>,
     /// The report files.
     pub files: ReportFiles,
+    /// The hit-rate ceilings (mooncake): the whole trace's, then those over the requests
+    /// of each run that did not serve them all.
+    pub ceilings: Vec<ScopedCeiling>,
 }
 
 /// Runs `kvgate bench`: generates the workload, runs it against each target in turn
@@ -266,7 +322,25 @@ pub async fn run(args: &BenchArgs) -> Result<BenchOutcome, BenchError> {
         max_tokens: args.max_tokens,
         stream: !args.no_stream,
     };
-    let workload = Arc::new(args.workload_spec()?.generate(&body, args.seed)?);
+    let (workload, trace) = match args.workload_spec()? {
+        WorkloadSpec::Mooncake(spec) => {
+            let requests = spec.requests()?;
+            (
+                spec.generate_from(&requests, &body, args.seed)?,
+                Some(requests),
+            )
+        }
+        spec => (spec.generate(&body, args.seed)?, None),
+    };
+    let (block_size, lru_blocks) = (args.oracle_block_size, args.oracle_blocks);
+    let mut ceilings = Vec::new();
+    if let Some(trace) = &trace {
+        ceilings.push(ScopedCeiling {
+            scope: "trace".to_owned(),
+            ceiling: HitCeiling::of(trace, block_size, lru_blocks)?,
+        });
+    }
+    let workload = Arc::new(workload);
     let has_times = workload.conversations.iter().any(|c| c.at.is_some());
     let arrival = match (args.rate, args.concurrency) {
         (Some(rate), _) => Arrival::Poisson { rate },
@@ -283,6 +357,9 @@ pub async fn run(args: &BenchArgs) -> Result<BenchOutcome, BenchError> {
             workload.name,
             workload.request_count()
         );
+        for c in &ceilings {
+            eprintln!("trace hit-rate ceiling: {}", c.ceiling.describe());
+        }
     }
 
     let mut runs = Vec::with_capacity(targets.len());
@@ -295,15 +372,18 @@ pub async fn run(args: &BenchArgs) -> Result<BenchOutcome, BenchError> {
         (true, [direct, routed]) => Some(Overhead::of(&direct.result, &routed.result)),
         _ => None,
     };
+    if let Some(trace) = &trace {
+        ceilings.extend(served_ceilings(trace, &runs, block_size, lru_blocks)?);
+    }
     let extra = overhead.as_ref().map(Overhead::to_markdown);
-    let files = report::write_report(&args.out, &runs, extra.as_deref())?;
+    let files = report::write_report_with(&args.out, &runs, extra.as_deref(), &ceilings)?;
     if let Some(overhead) = &overhead {
         let path = args.out.join("overhead.json");
         let json = serde_json::to_string_pretty(overhead)?;
         std::fs::write(&path, json).map_err(|e| BenchError::io(path, e))?;
     }
     if !args.quiet {
-        println!("{}", report::summary_markdown(&runs));
+        println!("{}", report::summary_markdown_with(&runs, &ceilings));
         if let Some(extra) = &extra {
             println!("{extra}");
         }
@@ -313,6 +393,7 @@ pub async fn run(args: &BenchArgs) -> Result<BenchOutcome, BenchError> {
         runs,
         overhead,
         files,
+        ceilings,
     })
 }
 
@@ -352,7 +433,7 @@ mod tests {
 
     #[test]
     fn target_and_overhead_rules() {
-        let cases: [(&str, &[&str], Option<usize>); 6] = [
+        let cases: [(&str, &[&str], Option<usize>); 8] = [
             ("one target", &["--target", "http://a:1"], Some(1)),
             (
                 "compare list",
@@ -364,6 +445,12 @@ mod tests {
                 &["--target", "http://a:1", "--compare", "http://b:1"],
                 Some(2),
             ),
+            (
+                "compare with replicas",
+                &["--compare", "p=http://a:1,http://b:1", "rr=http://c:1"],
+                Some(2),
+            ),
+            ("bad replica", &["--target", "p=http://a:1,b:1"], None),
             ("none", &[], None),
             (
                 "overhead needs two",

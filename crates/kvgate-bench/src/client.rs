@@ -4,6 +4,7 @@
 //! as pre-built [`Bytes`]. Per response it parses only what it needs: the SSE framing, and
 //! per event a borrowed JSON probe for content, `usage` and `error`.
 
+mod replicas;
 mod sse;
 
 use std::time::{Duration, Instant};
@@ -15,7 +16,9 @@ use hyper_util::{
     client::legacy::{Client, connect::HttpConnector},
     rt::TokioExecutor,
 };
+use tokio::sync::oneshot;
 
+pub(crate) use self::replicas::ReplicaUris;
 use self::sse::{SseReader, read_payload};
 use crate::{BenchError, ErrorKind, RequestRecord};
 
@@ -86,12 +89,24 @@ impl LoadClient {
     /// POSTs `body` as JSON to `uri` and measures the response (SSE or not).
     /// Failures are recorded in the returned record, never returned as errors.
     pub async fn send(&self, uri: &Uri, body: Bytes, collect_text: bool) -> Exchange {
+        self.send_signalling(uri, body, collect_text, None).await
+    }
+
+    /// [`LoadClient::send`] that also signals `head` as soon as the response head
+    /// arrived or the request failed (it is dropped on a timeout).
+    pub(crate) async fn send_signalling(
+        &self,
+        uri: &Uri,
+        body: Bytes,
+        collect_text: bool,
+        head: Option<oneshot::Sender<()>>,
+    ) -> Exchange {
         let mut exchange = Exchange {
             text: collect_text.then(String::new),
             ..Exchange::default()
         };
         let t0 = Instant::now();
-        let run = self.exchange(uri, body, t0, &mut exchange);
+        let run = self.exchange(uri, body, t0, &mut exchange, head);
         if tokio::time::timeout(self.timeout, run).await.is_err() {
             exchange.record.error = Some(ErrorKind::Timeout);
         }
@@ -99,7 +114,14 @@ impl LoadClient {
         exchange
     }
 
-    async fn exchange(&self, uri: &Uri, body: Bytes, t0: Instant, out: &mut Exchange) {
+    async fn exchange(
+        &self,
+        uri: &Uri,
+        body: Bytes,
+        t0: Instant,
+        out: &mut Exchange,
+        head: Option<oneshot::Sender<()>>,
+    ) {
         let rec = &mut out.record;
         let mut req = Request::new(Full::new(body));
         *req.method_mut() = Method::POST;
@@ -112,7 +134,11 @@ impl LoadClient {
         if let Some(auth) = &self.auth {
             headers.insert(header::AUTHORIZATION, auth.clone());
         }
-        let resp = match self.inner.request(req).await {
+        let sent = self.inner.request(req).await;
+        if let Some(head) = head {
+            let _ = head.send(());
+        }
+        let resp = match sent {
             Ok(resp) => resp,
             Err(e) => {
                 rec.error = Some(if e.is_connect() {

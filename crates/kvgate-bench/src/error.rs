@@ -39,6 +39,14 @@ pub enum BenchError {
         /// What is wrong with the line.
         reason: String,
     },
+    /// A tokenizer could not be loaded, or cannot build exact-length prompts.
+    #[error("tokenizer {}: {reason}", path.display())]
+    Tokenizer {
+        /// The tokenizer directory.
+        path: PathBuf,
+        /// What went wrong.
+        reason: String,
+    },
     /// The workload produced no requests.
     #[error("workload {0}: produces no requests")]
     EmptyWorkload(String),

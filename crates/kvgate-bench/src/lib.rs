@@ -11,12 +11,15 @@
 //!
 //! # Layout
 //! - [`workload`]: [`WorkloadSpec`] and the generators [`SharedPrefix`], [`Agentic`],
-//!   [`LowReuse`], [`Burst`], [`Replay`] (trace format documented there).
+//!   [`LowReuse`], [`Burst`], [`Replay`] (trace format documented there), [`Mooncake`]
+//!   (a hash-block trace with synthesized prompts, in [`workload::mooncake`]).
 //! - `schedule`: [`Arrival`] and [`Schedule`].
 //! - `client`: [`LoadClient`], the SSE reader and the response probe.
 //! - `record`: [`RequestRecord`] and [`ErrorKind`].
 //! - `runner`: [`run_load`], [`Target`], [`LoadOptions`], [`History`], [`RunResult`].
 //! - `summary`: [`RunSummary`] and [`Percentiles`].
+//! - `oracle`: [`HitCeiling`] and [`ScopedCeiling`], the hit rate a hash-block trace allows
+//!   at best.
 //! - `compare`: [`Ratios`] and [`reset_caches`].
 //! - `overhead`: [`Overhead`], the router's added latency.
 //! - `report`: [`write_report`], [`NamedRun`], the plots and the HTML page.
@@ -28,6 +31,7 @@ pub mod cli;
 mod client;
 mod compare;
 mod error;
+mod oracle;
 mod overhead;
 mod record;
 mod report;
@@ -41,15 +45,19 @@ pub use self::{
     client::{ClientOptions, Exchange, LoadClient, endpoint_uri},
     compare::{RESET_PATH, Ratios, reset_caches, reset_uri},
     error::BenchError,
+    oracle::{HitCeiling, OracleHits, ScopedCeiling},
     overhead::{LatencyDelta, Overhead},
     record::{ErrorKind, RequestRecord},
-    report::{NamedRun, ReportFiles, summary_markdown, write_report},
+    report::{
+        NamedRun, ReportFiles, summary_markdown, summary_markdown_with, write_report,
+        write_report_with,
+    },
     runner::{History, LoadOptions, RunResult, Target, run_load},
     schedule::{Arrival, Schedule},
     summary::{Percentiles, RunSummary},
     workload::{
-        Agentic, BodyOptions, Burst, CHAT_COMPLETIONS_PATH, Conversation, LowReuse, Replay,
-        SharedPrefix, Turn, Workload, WorkloadSpec,
+        Agentic, BodyOptions, Burst, CHAT_COMPLETIONS_PATH, COMPLETIONS_PATH, Conversation,
+        LowReuse, Mooncake, Replay, SharedPrefix, Turn, Workload, WorkloadSpec,
     },
 };
 

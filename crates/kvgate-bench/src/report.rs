@@ -2,7 +2,8 @@
 //!
 //! [`write_report`] writes, into one directory:
 //! - `results.json`: every run with its summary and every request's record;
-//! - `summary.md`: the summary table (runs as rows) and, with two or more runs, the
+//! - `summary.md`: the summary table (runs as rows, then hit-rate ceilings as `oracle`
+//!   rows when [`ScopedCeiling`]s are given) and, with two or more runs, the
 //!   comparison table (ratios against the first run);
 //! - `ttft_cdf.svg`: the TTFT CDF of every run on one chart;
 //! - `hit_rate.svg`: each run's hit rate over time, bucketed by completion time;
@@ -15,7 +16,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
-use crate::{BenchError, Ratios, RequestRecord, RunResult, RunSummary};
+use crate::{BenchError, OracleHits, Ratios, RequestRecord, RunResult, RunSummary, ScopedCeiling};
 
 /// A run with the name it has in tables and plots (say, a routing policy).
 #[derive(Debug, Clone)]
@@ -62,6 +63,20 @@ pub fn write_report(
     runs: &[NamedRun],
     extra_markdown: Option<&str>,
 ) -> Result<ReportFiles, BenchError> {
+    write_report_with(dir, runs, extra_markdown, &[])
+}
+
+/// [`write_report`] with hit-rate ceilings: `oracle` rows in the summary table and an
+/// `oracles` list in `results.json`.
+///
+/// # Errors
+/// As [`write_report`].
+pub fn write_report_with(
+    dir: &Path,
+    runs: &[NamedRun],
+    extra_markdown: Option<&str>,
+    ceilings: &[ScopedCeiling],
+) -> Result<ReportFiles, BenchError> {
     std::fs::create_dir_all(dir).map_err(|e| BenchError::io(dir, e))?;
     let summaries: Vec<RunSummary> = runs.iter().map(|r| r.result.summary()).collect();
     let files = ReportFiles {
@@ -72,10 +87,10 @@ pub fn write_report(
         html: dir.join("index.html"),
     };
 
-    let json = results_json(runs, &summaries)?;
+    let json = results_json(runs, &summaries, ceilings)?;
     write(&files.json, json.as_bytes())?;
 
-    let tables = tables(runs, &summaries);
+    let tables = tables(runs, &summaries, ceilings);
     let mut markdown = String::new();
     for table in &tables {
         markdown.push_str(&table.to_markdown());
@@ -99,8 +114,13 @@ pub fn write_report(
 /// The markdown summary table (and the comparison table when there are two or more
 /// runs), as printed to the terminal.
 pub fn summary_markdown(runs: &[NamedRun]) -> String {
+    summary_markdown_with(runs, &[])
+}
+
+/// [`summary_markdown`] with hit-rate ceilings as `oracle` rows.
+pub fn summary_markdown_with(runs: &[NamedRun], ceilings: &[ScopedCeiling]) -> String {
     let summaries: Vec<RunSummary> = runs.iter().map(|r| r.result.summary()).collect();
-    tables(runs, &summaries)
+    tables(runs, &summaries, ceilings)
         .iter()
         .map(Table::to_markdown)
         .collect::<Vec<_>>()
@@ -111,7 +131,11 @@ fn write(path: &Path, bytes: &[u8]) -> Result<(), BenchError> {
     std::fs::write(path, bytes).map_err(|e| BenchError::io(path, e))
 }
 
-fn results_json(runs: &[NamedRun], summaries: &[RunSummary]) -> Result<String, BenchError> {
+fn results_json(
+    runs: &[NamedRun],
+    summaries: &[RunSummary],
+    oracles: &[ScopedCeiling],
+) -> Result<String, BenchError> {
     #[derive(Serialize)]
     struct Run<'a> {
         name: &'a str,
@@ -126,8 +150,11 @@ fn results_json(runs: &[NamedRun], summaries: &[RunSummary]) -> Result<String, B
     #[derive(Serialize)]
     struct File<'a> {
         runs: Vec<Run<'a>>,
+        #[serde(skip_serializing_if = "<[_]>::is_empty")]
+        oracles: &'a [ScopedCeiling],
     }
     let file = File {
+        oracles,
         runs: runs
             .iter()
             .zip(summaries)
@@ -168,26 +195,29 @@ impl Table {
     }
 }
 
-fn tables(runs: &[NamedRun], summaries: &[RunSummary]) -> Vec<Table> {
+/// The columns of the runs table.
+const RUN_HEADER: [&str; 13] = [
+    "run",
+    "requests",
+    "errors",
+    "hit rate",
+    "TTFT p50",
+    "TTFT p90",
+    "TTFT p99",
+    "ITL p50",
+    "ITL p99",
+    "E2E p50",
+    "E2E p99",
+    "req/s",
+    "out tok/s",
+];
+
+fn tables(runs: &[NamedRun], summaries: &[RunSummary], ceilings: &[ScopedCeiling]) -> Vec<Table> {
     let ms = |x: f64| format!("{x:.1}");
     let pct = |x: Option<f64>| x.map_or_else(|| "n/a".to_owned(), |h| format!("{:.1}%", h * 100.0));
     let mut out = vec![Table {
         title: "Runs".to_owned(),
-        header: vec![
-            "run",
-            "requests",
-            "errors",
-            "hit rate",
-            "TTFT p50",
-            "TTFT p90",
-            "TTFT p99",
-            "ITL p50",
-            "ITL p99",
-            "E2E p50",
-            "E2E p99",
-            "req/s",
-            "out tok/s",
-        ],
+        header: RUN_HEADER.to_vec(),
         rows: runs
             .iter()
             .zip(summaries)
@@ -208,6 +238,7 @@ fn tables(runs: &[NamedRun], summaries: &[RunSummary]) -> Vec<Table> {
                     format!("{:.1}", s.output_tokens_per_s),
                 ]
             })
+            .chain(ceilings.iter().flat_map(oracle_rows))
             .collect(),
     }];
     if let (true, Some(base)) = (runs.len() > 1, summaries.first()) {
@@ -246,6 +277,31 @@ fn tables(runs: &[NamedRun], summaries: &[RunSummary]) -> Vec<Table> {
         });
     }
     out
+}
+
+/// The `oracle` rows of the summary table: the name, the requests and the hit rate.
+fn oracle_rows(scoped: &ScopedCeiling) -> Vec<Vec<String>> {
+    let (scope, c) = (&scoped.scope, &scoped.ceiling);
+    let row = |name: String, hits: &OracleHits| {
+        let rate = hits
+            .hit_rate
+            .map_or_else(|| "n/a".to_owned(), |h| format!("{:.1}%", h * 100.0));
+        let mut cells = vec![name, c.requests.to_string(), "—".to_owned(), rate];
+        cells.resize(RUN_HEADER.len(), "—".to_owned());
+        cells
+    };
+    let mut rows = vec![row(
+        format!(
+            "oracle ({scope}): infinite cache, {}-token blocks",
+            c.block_size
+        ),
+        &c.infinite,
+    )];
+    if let Some(lru) = &c.lru {
+        let n = lru.capacity_blocks.unwrap_or(0);
+        rows.push(row(format!("oracle ({scope}): LRU {n} blocks"), lru));
+    }
+    rows
 }
 
 fn errors_cell(s: &RunSummary) -> String {

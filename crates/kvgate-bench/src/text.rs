@@ -65,7 +65,8 @@ pub(crate) fn word_count(text: &str) -> usize {
     text.split_whitespace().count()
 }
 
-const WORDS: &[&str] = &[
+/// The filler vocabulary (some words repeat; [`Rng::words`] draws from it uniformly).
+pub(crate) const WORDS: &[&str] = &[
     "the",
     "of",
     "and",

@@ -12,11 +12,13 @@
 //! [`History::Response`](crate::History::Response) the runner rebuilds each later turn from
 //! the text the server actually returned instead.
 //!
-//! Generators: [`SharedPrefix`], [`Agentic`], [`LowReuse`], [`Burst`], [`Replay`].
+//! Generators: [`SharedPrefix`], [`Agentic`], [`LowReuse`], [`Burst`], [`Replay`], and
+//! [`Mooncake`] (a hash-block trace replayed as `/v1/completions` with synthesized prompts).
 
 mod agentic;
 mod burst;
 mod low_reuse;
+pub mod mooncake;
 mod replay;
 mod shared_prefix;
 
@@ -27,13 +29,16 @@ use serde::ser::{Serialize, SerializeMap, Serializer};
 use serde_json::{Value, json};
 
 pub use self::{
-    agentic::Agentic, burst::Burst, low_reuse::LowReuse, replay::Replay,
+    agentic::Agentic, burst::Burst, low_reuse::LowReuse, mooncake::Mooncake, replay::Replay,
     shared_prefix::SharedPrefix,
 };
 use crate::BenchError;
 
-/// The path every generated workload posts to.
+/// The path the chat workloads post to.
 pub const CHAT_COMPLETIONS_PATH: &str = "/v1/chat/completions";
+
+/// The path of plain completions (`prompt` instead of `messages`), used by [`Mooncake`].
+pub const COMPLETIONS_PATH: &str = "/v1/completions";
 
 /// Fields every generated body carries besides its messages.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -70,13 +75,16 @@ pub enum WorkloadSpec {
     Burst(Burst),
     /// A JSONL trace replayed as recorded.
     Replay(Replay),
+    /// A Mooncake hash-block trace with synthesized prompts.
+    Mooncake(Mooncake),
 }
 
 impl WorkloadSpec {
     /// Generates the workload. The same spec, options and seed give the same bytes.
     ///
     /// # Errors
-    /// [`BenchError::Trace`] or [`BenchError::Io`] for an unreadable replay trace, and
+    /// [`BenchError::Trace`] or [`BenchError::Io`] for an unreadable replay trace,
+    /// [`BenchError::Tokenizer`] for a Mooncake tokenizer that cannot size prompts, and
     /// [`BenchError::EmptyWorkload`] when the parameters produce no request.
     pub fn generate(&self, body: &BodyOptions, seed: u64) -> Result<Workload, BenchError> {
         let workload = match self {
@@ -85,6 +93,7 @@ impl WorkloadSpec {
             Self::LowReuse(p) => p.generate(body, seed),
             Self::Burst(p) => p.generate(body, seed),
             Self::Replay(p) => p.generate()?,
+            Self::Mooncake(p) => p.generate(body, seed)?,
         };
         if workload.request_count() == 0 {
             return Err(BenchError::EmptyWorkload(workload.name));

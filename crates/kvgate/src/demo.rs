@@ -2,16 +2,22 @@
 //!
 //! Starts a simulated fleet of 4 engines whose KV caches hold only a couple of system
 //! prompts each (or uses the user's engines), then drives one seeded `shared-prefix`
-//! workload through four routers in turn: round-robin, load-only, approximate prefix and
-//! precise prefix + load. Engine caches are reset before each run. Prints hit rate, TTFT
-//! and throughput side by side with ratios against round-robin, and writes an HTML report.
+//! workload through each [`Setup`] in turn: round-robin, approximate prefix and precise
+//! prefix behind one router each, then approximate and precise prefix behind two router
+//! replicas each, with the load client alternating between the replicas per request.
+//! Engine caches are reset before each run. Shows a progress bar per run, then prints hit
+//! rate, TTFT and throughput side by side with ratios against round-robin and what the
+//! replica runs show, and writes an HTML report. Router and engine logs go to `demo.log`
+//! in the report directory (and to the terminal with `--verbose`).
 //!
 //! Layout:
 //! - `fleet`: the simulated fleet (or the user's engines);
-//! - `policies`: the four scheduler profiles and an in-process router per policy;
+//! - `policies`: the scheduler profiles, the setups, an in-process router per replica;
+//! - `logs`: the log file;
 //! - `table`: the terminal table and the plain-words summary.
 
 mod fleet;
+mod logs;
 mod policies;
 mod table;
 
@@ -25,7 +31,8 @@ use kvgate_bench::{
 
 use self::{
     fleet::{Engines, SimShape},
-    policies::{Policy, Router},
+    logs::DemoLog,
+    policies::{Router, Setup},
 };
 
 /// Flags of `kvgate demo`.
@@ -57,11 +64,18 @@ pub(crate) struct DemoArgs {
     /// Model name sent in requests (and served by the simulated fleet).
     #[arg(long, default_value = "Qwen/Qwen3-0.6B")]
     model: String,
+
+    /// Also show the router and engine logs on the terminal (they always go to
+    /// `demo.log` in the report directory); replaces the progress bars.
+    #[arg(long, short)]
+    verbose: bool,
 }
 
 /// The workload and load shape of one demo size.
 struct Plan {
     workload: SharedPrefix,
+    /// Conversations in flight, driven in lockstep rounds
+    /// ([`LoadOptions::lockstep`]) so every run sends the same requests in the same order.
     concurrency: usize,
     max_tokens: u32,
     sim: SimShape,
@@ -69,7 +83,9 @@ struct Plan {
 
 impl Plan {
     /// Eight groups whose system prompts (128 blocks each) fit two per engine, so only
-    /// a router that keeps each group on one engine avoids evicting them.
+    /// a router that keeps each group on one engine avoids evicting them. Seven
+    /// conversations in flight: with eight, worker `w` would only ever carry group `w`, and
+    /// round-robin over 4 engines would pin it to engine `w mod 4`, a perfect placement.
     fn new(quick: bool) -> Plan {
         let sim = SimShape {
             gpu_blocks: 320,
@@ -79,7 +95,7 @@ impl Plan {
         };
         let workload = SharedPrefix {
             groups: 8,
-            conversations_per_group: if quick { 2 } else { 9 },
+            conversations_per_group: if quick { 2 } else { 7 },
             turns: 3,
             system_tokens: 2048,
             question_tokens: 32,
@@ -87,7 +103,7 @@ impl Plan {
         };
         Plan {
             workload,
-            concurrency: 8,
+            concurrency: 7,
             max_tokens: 16,
             sim,
         }
@@ -95,14 +111,18 @@ impl Plan {
 }
 
 pub(crate) fn main(args: DemoArgs) -> anyhow::Result<()> {
+    let log = DemoLog::create(&args.out, args.verbose)?;
+    let on_start = log.clone();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
+        .on_thread_start(move || on_start.enter_thread())
+        .on_thread_stop(DemoLog::leave_thread)
         .build()
         .context("starting the async runtime")?;
-    runtime.block_on(run(args))
+    log.scope(|| runtime.block_on(run(args, &log)))
 }
 
-async fn run(args: DemoArgs) -> anyhow::Result<()> {
+async fn run(args: DemoArgs, log: &DemoLog) -> anyhow::Result<()> {
     let plan = Plan::new(args.quick);
     let engines = if args.endpoints.is_empty() {
         Engines::simulated(&args.model, plan.sim).await?
@@ -113,19 +133,25 @@ async fn run(args: DemoArgs) -> anyhow::Result<()> {
     engines.shutdown().await;
     let runs = result?;
 
-    let summaries: Vec<_> = runs.iter().map(|r| r.result.summary()).collect();
-    let names: Vec<&str> = runs.iter().map(|r| r.name.as_str()).collect();
-    let printed = table::render(&names, &summaries);
-    println!("{printed}");
+    let summaries: Vec<_> = runs.iter().map(|(_, r)| r.result.summary()).collect();
+    let setups: Vec<Setup> = runs.iter().map(|(s, _)| *s).collect();
+    let printed = table::render(&setups, &summaries);
+    println!("\n{printed}");
     let extra = format!("### In plain words\n\n```\n{printed}\n```\n");
+    let runs: Vec<NamedRun> = runs.into_iter().map(|(_, r)| r).collect();
     let files = kvgate_bench::write_report(&args.out, &runs, Some(&extra))
         .with_context(|| format!("writing the report to {}", args.out.display()))?;
     println!("report: {}", files.html.display());
+    println!("logs:   {}", log.path.display());
     Ok(())
 }
 
-/// Runs the workload through every policy, resetting the engines' caches before each.
-async fn compare(args: &DemoArgs, plan: &Plan, engines: &Engines) -> anyhow::Result<Vec<NamedRun>> {
+/// Runs the workload through every setup, resetting the engines' caches before each.
+async fn compare(
+    args: &DemoArgs,
+    plan: &Plan,
+    engines: &Engines,
+) -> anyhow::Result<Vec<(Setup, NamedRun)>> {
     let body = BodyOptions {
         model: args.model.clone(),
         max_tokens: plan.max_tokens,
@@ -141,48 +167,77 @@ async fn compare(args: &DemoArgs, plan: &Plan, engines: &Engines) -> anyhow::Res
         args.seed,
     )?;
     let options = LoadOptions {
-        progress: false,
+        progress: !args.verbose,
+        lockstep: true,
         ..LoadOptions::default()
     };
     let client = LoadClient::new(&ClientOptions::default())?;
+    let w = &plan.workload;
     eprintln!(
-        "kvgate demo: {} requests of {} per policy, {} at a time",
+        "kvgate demo: {} requests per run ({} groups × {} conversations × {} turns, one \
+         {}-token system prompt per group),\n{} conversations at a time in lockstep rounds",
         workload.request_count(),
-        workload.name,
-        plan.concurrency
+        w.groups,
+        w.conversations_per_group,
+        w.turns,
+        w.system_tokens,
+        plan.concurrency,
     );
-    let mut runs = Vec::with_capacity(Policy::ALL.len());
-    for policy in Policy::ALL {
+    let mut runs = Vec::with_capacity(Setup::ALL.len());
+    for setup in Setup::ALL {
+        let name = setup.name();
         kvgate_bench::reset_caches(&client, &engines.reset).await?;
-        let router = Router::start(
-            policy,
-            engines.yaml(policy.uses_kv_events()),
-            &engines.flags(policy.uses_kv_events()),
-            Duration::from_secs(15),
-        )
-        .await?;
-        let target = Target::new(policy.name(), router.url.clone());
+        let events = setup.policy.uses_kv_events();
+        let mut routers = Vec::with_capacity(setup.replicas);
+        for _ in 0..setup.replicas {
+            let started = Router::start(
+                setup.policy,
+                engines.yaml(events),
+                &engines.flags(events),
+                Duration::from_secs(15),
+            )
+            .await;
+            match started {
+                Ok(router) => routers.push(router),
+                Err(e) => {
+                    stop_all(routers).await?;
+                    return Err(e);
+                }
+            }
+        }
+        let urls: Vec<String> = routers.iter().map(|r| r.url.clone()).collect();
+        let target = Target::new(name.clone(), urls[0].clone()).with_replicas(&urls[1..]);
         let result = kvgate_bench::run_load(&target, &schedule, workload.clone(), &options).await;
-        router.stop().await?;
+        stop_all(routers).await?;
         let result = result?;
         let summary = result.summary();
         eprintln!(
-            "  {:<15} done in {:.1} s ({} errors)",
-            policy.name(),
+            "  {name:<17} done in {:.1} s, hit rate {}, {} errors",
             summary.duration_s,
+            summary
+                .hit_rate
+                .map_or_else(|| "n/a".to_owned(), |h| format!("{:.1}%", h * 100.0)),
             summary.errors
         );
         if summary.errors == summary.requests {
             anyhow::bail!(
-                "every request through {} failed: {:?}",
-                policy.name(),
+                "every request through {name} failed: {:?}",
                 summary.errors_by_kind
             );
         }
-        runs.push(NamedRun {
-            name: policy.name().to_owned(),
-            result,
-        });
+        runs.push((setup, NamedRun { name, result }));
     }
     Ok(runs)
+}
+
+/// Stops every router, reporting the first failure.
+async fn stop_all(routers: Vec<Router>) -> anyhow::Result<()> {
+    let mut first = Ok(());
+    for router in routers {
+        let stopped = router.stop().await;
+        if first.is_ok() {
+            first = stopped;
+        }
+    }
+    first
 }

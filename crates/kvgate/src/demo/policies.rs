@@ -1,4 +1,5 @@
-//! The four routing policies the demo compares, and an in-process router per policy.
+//! The routing policies the demo compares, the setups it runs them in (one router, or
+//! several replicas of it), and an in-process router per replica.
 
 use std::{sync::Arc, time::Duration};
 
@@ -12,26 +13,18 @@ use tokio::{net::TcpListener, sync::oneshot, task::JoinHandle, time::Instant};
 pub(crate) enum Policy {
     /// Candidates in turn, ignoring every signal (the baseline).
     RoundRobin,
-    /// Queue depth, KV utilization and in-flight requests; no prefix signal.
-    LoadOnly,
-    /// The load scorers plus the router's own guess of what each engine cached.
+    /// kvgate's default profile without KV events: the router's own guess of what each
+    /// engine cached, from where it sent earlier prompts.
     ApproxPrefix,
-    /// The load scorers plus the KV index fed by the engines' KV events.
+    /// kvgate's default profile with KV events: the KV index fed by every engine's events.
     PrecisePrefix,
 }
 
-/// The load scorers every load-aware policy uses, as `(type, weight)`.
-const LOAD_SCORERS: [(&str, u32); 3] = [
-    ("queue-scorer", 2),
-    ("kv-cache-utilization-scorer", 2),
-    ("active-request-scorer", 1),
-];
-
 impl Policy {
     /// Every policy, baseline first.
-    pub(crate) const ALL: [Policy; 4] = [
+    #[cfg(test)]
+    const ALL: [Policy; 3] = [
         Policy::RoundRobin,
-        Policy::LoadOnly,
         Policy::ApproxPrefix,
         Policy::PrecisePrefix,
     ];
@@ -40,14 +33,14 @@ impl Policy {
     pub(crate) fn name(self) -> &'static str {
         match self {
             Policy::RoundRobin => "round-robin",
-            Policy::LoadOnly => "load-only",
             Policy::ApproxPrefix => "approx-prefix",
             Policy::PrecisePrefix => "precise-prefix",
         }
     }
 
     /// Whether the routers of this policy subscribe to the engines' KV events. Only the
-    /// precise policy does: the approximate scorer leaves endpoints with events alone.
+    /// precise policy does; without events the default profile scores prefixes
+    /// approximately.
     pub(crate) fn uses_kv_events(self) -> bool {
         matches!(self, Policy::PrecisePrefix)
     }
@@ -56,45 +49,66 @@ impl Policy {
     pub(crate) fn description(self) -> &'static str {
         match self {
             Policy::RoundRobin => "round-robin",
-            Policy::LoadOnly => "load-only routing",
             Policy::ApproxPrefix => "approximate prefix routing",
             Policy::PrecisePrefix => "precise prefix routing",
         }
     }
 
-    /// `(type, weight)` of the policy's scorers, then its picker.
-    fn plugins(self) -> (Vec<(&'static str, u32)>, &'static str) {
-        let with_prefix = |prefix: &'static str| {
-            let mut scorers = vec![(prefix, 3)];
-            scorers.extend(LOAD_SCORERS);
-            scorers
-        };
+    /// The scheduler's `plugins:` and `profiles:` YAML; empty for the prefix policies,
+    /// which run the router's default profile (precise when the endpoints have KV events,
+    /// approximate otherwise), so the demo shows what `kvgate serve` does out of the box.
+    pub(crate) fn scheduler_yaml(self) -> String {
         match self {
-            Policy::RoundRobin => (Vec::new(), "round-robin-picker"),
-            Policy::LoadOnly => (LOAD_SCORERS.to_vec(), "max-score-picker"),
-            Policy::ApproxPrefix => (
-                with_prefix("approx-prefix-cache-scorer"),
-                "max-score-picker",
-            ),
-            Policy::PrecisePrefix => (
-                with_prefix("precise-prefix-cache-scorer"),
-                "max-score-picker",
-            ),
+            Policy::RoundRobin => "plugins:\n  - type: round-robin-picker\n\
+                 profiles:\n  - name: default\n    plugins:\n      - { ref: round-robin-picker }\n"
+                .to_owned(),
+            Policy::ApproxPrefix | Policy::PrecisePrefix => String::new(),
+        }
+    }
+}
+
+/// One row of the demo: a policy behind `replicas` routers that share the load.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Setup {
+    /// The scheduler profile of every replica.
+    pub(crate) policy: Policy,
+    /// How many router replicas; the load client alternates between them per request.
+    pub(crate) replicas: usize,
+}
+
+impl Setup {
+    /// What the demo runs, baseline first: one router per policy, then the two prefix
+    /// policies as two replicas each.
+    pub(crate) const ALL: [Setup; 5] = [
+        Setup::single(Policy::RoundRobin),
+        Setup::single(Policy::ApproxPrefix),
+        Setup::single(Policy::PrecisePrefix),
+        Setup::replicated(Policy::ApproxPrefix, 2),
+        Setup::replicated(Policy::PrecisePrefix, 2),
+    ];
+
+    const fn single(policy: Policy) -> Setup {
+        Setup::replicated(policy, 1)
+    }
+
+    const fn replicated(policy: Policy, replicas: usize) -> Setup {
+        Setup { policy, replicas }
+    }
+
+    /// The name in tables and reports: the policy's, with `×N` for N replicas.
+    pub(crate) fn name(self) -> String {
+        match self.replicas {
+            1 => self.policy.name().to_owned(),
+            n => format!("{}×{n}", self.policy.name()),
         }
     }
 
-    /// The scheduler's `plugins:` and `profiles:` YAML.
-    pub(crate) fn scheduler_yaml(self) -> String {
-        let (scorers, picker) = self.plugins();
-        let mut plugins = String::from("plugins:\n");
-        let mut refs = String::from("profiles:\n  - name: default\n    plugins:\n");
-        for (type_name, weight) in &scorers {
-            plugins += &format!("  - type: {type_name}\n");
-            refs += &format!("      - {{ ref: {type_name}, weight: {weight} }}\n");
+    /// A few words for the plain-language summary.
+    pub(crate) fn description(self) -> String {
+        match self.replicas {
+            1 => self.policy.description().to_owned(),
+            n => format!("{} on {n} replicas", self.policy.description()),
         }
-        plugins += &format!("  - type: {picker}\n");
-        refs += &format!("      - {{ ref: {picker} }}\n");
-        plugins + &refs
     }
 }
 
@@ -181,8 +195,23 @@ mod tests {
         for policy in Policy::ALL {
             let yaml = policy.scheduler_yaml();
             let file = FileConfig::from_yaml(&yaml).unwrap_or_else(|e| panic!("{e}\n{yaml}"));
-            let want = policy.plugins().0.len() + 1;
+            let want = usize::from(policy == Policy::RoundRobin);
             assert_eq!(file.plugins.len(), want, "{}", policy.name());
         }
+    }
+
+    #[test]
+    fn setup_names() {
+        let names: Vec<String> = Setup::ALL.iter().map(|s| s.name()).collect();
+        assert_eq!(
+            names,
+            [
+                "round-robin",
+                "approx-prefix",
+                "precise-prefix",
+                "approx-prefix×2",
+                "precise-prefix×2"
+            ]
+        );
     }
 }
