@@ -92,6 +92,30 @@ mod tests {
     use super::*;
     use crate::cycle::RequestFacts;
 
+    /// The distinct picks over 64 cycles with different request ids (and no tokens, so the
+    /// last tie-break is random), sorted.
+    fn picks(p: &MaxScorePicker, totals: &[f64], keys: Option<&[(u64, u64, u64)]>) -> Vec<usize> {
+        let mut seen = HashSet::new();
+        for i in 0..64 {
+            let mut c = CycleState::new(
+                RequestFacts {
+                    request_id: format!("r{i}"),
+                    ..Default::default()
+                },
+                Instant::now(),
+            );
+            if let Some(k) = keys {
+                c.record_tie_break(k.to_vec());
+            }
+            if let Some(x) = p.pick(&mut c, totals) {
+                seen.insert(x);
+            }
+        }
+        let mut seen: Vec<usize> = seen.into_iter().collect();
+        seen.sort_unstable();
+        seen
+    }
+
     #[test]
     fn table() {
         let p = MaxScorePicker::new(MaxScorePickerConfig::default()).unwrap();
@@ -103,22 +127,7 @@ mod tests {
             ("empty", vec![], vec![]),
         ];
         for (name, totals, want) in cases {
-            let mut seen = HashSet::new();
-            for i in 0..64 {
-                let mut c = CycleState::new(
-                    RequestFacts {
-                        request_id: format!("r{i}"),
-                        ..Default::default()
-                    },
-                    Instant::now(),
-                );
-                if let Some(x) = p.pick(&mut c, &totals) {
-                    seen.insert(x);
-                }
-            }
-            let mut seen: Vec<usize> = seen.into_iter().collect();
-            seen.sort_unstable();
-            assert_eq!(seen, want, "{name}");
+            assert_eq!(picks(&p, &totals, None), want, "{name}");
         }
     }
 
@@ -141,11 +150,17 @@ mod tests {
             (
                 "first key decides",
                 vec![1.0, 1.0, 0.5],
-                Some(vec![(0, 5, 0), (0, 3, 9), (0, 0, 0)]),
+                Some(vec![(4, 0, 0), (2, 9, 9), (0, 0, 0)]),
                 vec![1],
             ),
             (
                 "second key decides",
+                vec![1.0, 1.0, 0.5],
+                Some(vec![(0, 5, 0), (0, 3, 9), (0, 0, 0)]),
+                vec![1],
+            ),
+            (
+                "third key decides",
                 vec![1.0, 1.0, 0.5],
                 Some(vec![(0, 3, 7), (0, 3, 2), (0, 0, 0)]),
                 vec![1],
@@ -170,25 +185,7 @@ mod tests {
             ),
         ];
         for (name, totals, keys, want) in cases {
-            let mut seen = HashSet::new();
-            for i in 0..64 {
-                let mut c = CycleState::new(
-                    RequestFacts {
-                        request_id: format!("r{i}"),
-                        ..Default::default()
-                    },
-                    Instant::now(),
-                );
-                if let Some(k) = &keys {
-                    c.record_tie_break(k.clone());
-                }
-                if let Some(x) = p.pick(&mut c, &totals) {
-                    seen.insert(x);
-                }
-            }
-            let mut seen: Vec<usize> = seen.into_iter().collect();
-            seen.sort_unstable();
-            assert_eq!(seen, want, "{name}");
+            assert_eq!(picks(&p, &totals, keys.as_deref()), want, "{name}");
         }
     }
 
