@@ -137,6 +137,17 @@ def build_chat_cases():
         '"arguments":"{\\"a\\":1e2,\\"b\\":1.0,\\"c\\":10,\\"d\\":-3.50,\\"e\\":true,\\"f\\":null,\\"g\\":[0.1,2E-5],\\"h\\":{\\"z\\":1,\\"a\\":2}}"}}]},'
         '{"role":"tool","tool_call_id":"n","content":"ok"}],'
         '"tools":[{"type":"function","function":{"name":"calc","parameters":{"type":"object"}}}]}')
+    # Integers beyond u64/i64: Python's json keeps every digit (serde_json alone would not).
+    raw("chat_completions", "tool_call_args_big_ints", '{"model":"qwen3","messages":[{"role":"user","content":"x"},'
+        '{"role":"assistant","content":null,"tool_calls":[{"id":"b","type":"function","function":{"name":"calc",'
+        '"arguments":"{\\"n\\": 18446744073709551616, \\"neg\\": -9223372036854775809, \\"u64\\": 18446744073709551615,'
+        ' \\"i128\\": 170141183460469231731687303715884105727, \\"list\\": [99999999999999999999, 1e19, 2.5]}"}}]},'
+        '{"role":"tool","tool_call_id":"b","content":"ok"}],'
+        '"tools":[{"type":"function","function":{"name":"calc","parameters":{"type":"object"}}}]}')
+    raw("chat_completions", "tools_big_int_schema", '{"model":"qwen3","messages":[{"role":"user","content":"Count"}],'
+        '"tools":[{"type":"function","function":{"name":"count","description":"Count up",'
+        '"parameters":{"type":"object","properties":{"n":{"type":"integer","minimum":-18446744073709551617,'
+        '"maximum":340282366920938463463374607431768211455}}}}}]}')
     chat("parallel_tool_calls", {"messages": [
         user("Weather in Paris and Rome?"),
         {"role": "assistant", "content": "Let me check both.", "tool_calls": [
@@ -239,6 +250,11 @@ def build_messages_cases():
         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t2",
                                       "content": [{"type": "text", "text": "24C"}, {"type": "text", "text": "sunny"}]},
                                      {"type": "text", "text": "Now summarize."}]}]})
+    msg("tool_use_big_int", {"tools": tools, "messages": [
+        {"role": "user", "content": "Weather at station 18446744073709551616?"},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "t3", "name": "get_weather",
+                                           "input": {"city": "Oslo", "station": 18446744073709551616}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t3", "content": "-4C"}]}]})
     msg("thinking_disabled", {"thinking": {"type": "disabled"}, "messages": [{"role": "user", "content": "2+2"}]})
     msg("thinking_enabled_budget", {"max_tokens": 4096, "thinking": {"type": "enabled", "budget_tokens": 2048}, "messages": [{"role": "user", "content": "2+2"}]})
     msg("assistant_thinking_block", {"messages": [

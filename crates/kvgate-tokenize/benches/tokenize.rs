@@ -5,7 +5,6 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: panics are failures
 
 use std::hint::black_box;
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
@@ -14,9 +13,8 @@ use kvgate_tokenize::{LocalOptions, LocalTokenizer};
 use serde_json::json;
 
 fn load(cache_tokens: u64) -> LocalTokenizer {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../testdata/tokenizers/qwen3");
     LocalTokenizer::load(
-        &dir,
+        &kvgate_tokenize::test_util::qwen3_dir(),
         LocalOptions {
             prefix_cache_max_tokens: cache_tokens,
         },
@@ -82,16 +80,18 @@ fn conversation(turns: usize, words_per_msg: usize, last_suffix: u64) -> Vec<u8>
         .into_bytes()
 }
 
+/// Tokens in the prompt of a chat `body`.
+fn prompt_len(t: &LocalTokenizer, body: &[u8]) -> usize {
+    let prompts = t.tokenize(Api::ChatCompletions, body).expect("tokenizes");
+    prompts[0].token_ids.len()
+}
+
 fn benches(c: &mut Criterion) {
     let cold = load(0);
     let cached = load(4_000_000);
 
     let big = conversation(1, 3300, 0);
-    let n = cold
-        .tokenize(Api::ChatCompletions, &big)
-        .expect("tokenizes")[0]
-        .token_ids
-        .len();
+    let n = prompt_len(&cold, &big);
     let mut g = c.benchmark_group("cold_chat");
     g.throughput(Throughput::Elements(n as u64));
     g.bench_function(format!("{n}_tokens"), |b| {
@@ -105,11 +105,7 @@ fn benches(c: &mut Criterion) {
     g.finish();
 
     let eight = conversation(8, 300, 0);
-    let n8 = cold
-        .tokenize(Api::ChatCompletions, &eight)
-        .expect("tokenizes")[0]
-        .token_ids
-        .len();
+    let n8 = prompt_len(&cold, &eight);
     let mut g = c.benchmark_group("eight_turns");
     g.throughput(Throughput::Elements(n8 as u64));
     let counter = AtomicU64::new(1);

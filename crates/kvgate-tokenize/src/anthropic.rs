@@ -9,13 +9,7 @@
 
 use serde_json::{Map, Value, json};
 
-use crate::chat::Rejection;
-
-const BILLING_HEADER: &str = "x-anthropic-billing-header";
-
-fn invalid(msg: impl Into<String>) -> Rejection {
-    Rejection::Invalid(msg.into())
-}
+use crate::chat::{BILLING_HEADER, Rejection, invalid, list, object, reject_prompt_token_ids};
 
 /// How the tokenizer's template behaves, as vLLM probes it at startup.
 #[derive(Debug, Clone, Copy)]
@@ -224,13 +218,8 @@ fn convert_tool(tool: &Value) -> Result<Value, Rejection> {
 
 /// Builds the chat-completions body vLLM renders for an Anthropic Messages body.
 pub(crate) fn to_chat_body(body: &Value, probe: AnthropicProbe) -> Result<Value, Rejection> {
-    let obj = body
-        .as_object()
-        .ok_or_else(|| invalid("body is not an object"))?;
-    let messages = obj
-        .get("messages")
-        .and_then(Value::as_array)
-        .ok_or_else(|| invalid("messages is not a list"))?;
+    let obj = object(body, "body")?;
+    let messages = list(obj, "messages")?;
     let mut out: Vec<Value> = Vec::new();
 
     let mut system = String::new();
@@ -322,15 +311,7 @@ pub(crate) fn to_chat_body(body: &Value, probe: AnthropicProbe) -> Result<Value,
     if let Some(e) = effort {
         chat.insert("reasoning_effort".into(), e);
     }
-    if obj
-        .get("kv_transfer_params")
-        .and_then(|k| k.get("prompt_token_ids"))
-        .is_some_and(|v| !v.is_null())
-    {
-        return Err(Rejection::Unsupported(
-            "kv_transfer_params.prompt_token_ids".into(),
-        ));
-    }
+    reject_prompt_token_ids(obj)?;
     Ok(Value::Object(chat))
 }
 

@@ -201,5 +201,9 @@ mod tests {
     fn missing_dir_is_an_error() {
         let err = Assets::load(Path::new("/nonexistent/kvgate")).unwrap_err();
         assert!(matches!(err, LoadError::Missing { .. }), "{err}");
+        assert_eq!(
+            err.to_string(),
+            "tokenizer dir /nonexistent/kvgate: missing tokenizer.json (or tokenizer.json.gz)"
+        );
     }
 }

@@ -7,6 +7,7 @@
 //! to the caller as [`TokenizeError::QueueFull`] (HTTP 503), never silently degraded.
 
 use std::collections::HashMap;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -32,10 +33,12 @@ use crate::{anthropic, chat, estimate};
 #[derive(Debug, thiserror::Error)]
 pub enum BuildError {
     /// A tokenizer directory failed to load.
-    #[error("model {model}: tokenizer")]
+    #[error("model {model}: tokenizer_dir {}", dir.display())]
     Tokenizer {
         /// The model.
         model: String,
+        /// The directory configured.
+        dir: PathBuf,
         /// The load error.
         #[source]
         source: LoadError,
@@ -114,6 +117,7 @@ impl TokenizerChain {
             Some(dir) => Some(Arc::new(LocalTokenizer::load(dir, local).map_err(
                 |source| BuildError::Tokenizer {
                     model: cfg.model.clone(),
+                    dir: dir.clone(),
                     source,
                 },
             )?)),
@@ -251,7 +255,7 @@ impl TokenizeService {
                 threads: config.pool_threads,
                 queue_limit: config.queue_limit,
             },
-            metrics.queue_rejected.clone(),
+            metrics.pool.clone(),
         )
         .map_err(BuildError::Pool)?;
         Ok(TokenizeService {
@@ -277,8 +281,7 @@ impl TokenizeService {
                 return Err(BuildError::DuplicateModel(model));
             }
         }
-        let pool =
-            BlockingPool::new(pool, metrics.queue_rejected.clone()).map_err(BuildError::Pool)?;
+        let pool = BlockingPool::new(pool, metrics.pool.clone()).map_err(BuildError::Pool)?;
         Ok(TokenizeService {
             chains: map,
             pool,
@@ -340,20 +343,18 @@ impl TokenizeService {
             s.advance(budget)?;
             Ok::<_, BackendError>(s)
         };
-        match self.pool.run(run).await {
-            Ok(Ok(s)) => {
+        match self.run_local(run).await? {
+            Ok(s) => {
                 self.metrics
                     .observe(BackendKind::Local.label(), started.elapsed().as_secs_f64());
                 self.metrics
                     .attempt(&chain.model, BackendKind::Local.label(), "ok", "none");
                 Ok(Some(s))
             }
-            Ok(Err(e)) => {
+            Err(e) => {
                 debug!(request_id = %req.request_id(), reason = e.reason.label(), "prefix tokenization refused; full chain next");
                 Ok(None)
             }
-            Err(PoolError::QueueFull) => Err(TokenizeError::QueueFull),
-            Err(PoolError::Closed) => Err(TokenizeError::PoolClosed),
         }
     }
 
@@ -369,21 +370,38 @@ impl TokenizeService {
     ) -> Result<Option<PrefixSession>, TokenizeError> {
         let started = Instant::now();
         let run = move || session.advance(budget).map(|()| session);
-        match self.pool.run(run).await {
-            Ok(Ok(s)) => {
+        match self.run_local(run).await? {
+            Ok(s) => {
                 self.metrics
                     .observe(BackendKind::Local.label(), started.elapsed().as_secs_f64());
                 Ok(Some(s))
             }
-            Ok(Err(e)) => {
+            Err(e) => {
                 debug!(
                     reason = e.reason.label(),
                     "prefix tokenization failed; full chain next"
                 );
                 Ok(None)
             }
+        }
+    }
+
+    /// Runs a local-backend job on the pool. A panic becomes a
+    /// [`FallbackReason::TokenizerPanic`] refusal, so the chain falls back as it does for any
+    /// other backend failure.
+    async fn run_local<T, F>(&self, f: F) -> Result<Result<T, BackendError>, TokenizeError>
+    where
+        T: Send + 'static,
+        F: FnOnce() -> Result<T, BackendError> + Send + 'static,
+    {
+        match self.pool.run(f).await {
+            Ok(r) => Ok(r),
             Err(PoolError::QueueFull) => Err(TokenizeError::QueueFull),
             Err(PoolError::Closed) => Err(TokenizeError::PoolClosed),
+            Err(PoolError::Panicked(message)) => Ok(Err(BackendError::new(
+                FallbackReason::TokenizerPanic,
+                format!("tokenizer panicked: {message}"),
+            ))),
         }
     }
 
@@ -429,11 +447,7 @@ impl TokenizeService {
                 Step::Local(Some(t)) => {
                     let t = Arc::clone(t);
                     let body = body.clone();
-                    match self.pool.run(move || t.tokenize(api, &body)).await {
-                        Ok(r) => r,
-                        Err(PoolError::QueueFull) => return Err(TokenizeError::QueueFull),
-                        Err(PoolError::Closed) => return Err(TokenizeError::PoolClosed),
-                    }
+                    self.run_local(move || t.tokenize(api, &body)).await?
                 }
                 Step::Render(None) => Err(BackendError::new(
                     FallbackReason::NoRenderUrl,
@@ -484,3 +498,6 @@ impl TokenizeService {
         Err(TokenizeError::AllBackendsFailed { fallbacks })
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -153,6 +153,40 @@ mod tests {
             c.models[0].backend_order(),
             vec![BackendKind::Render, BackendKind::Local]
         );
-        assert!(serde_json::from_str::<TokenizeConfig>(r#"{"bogus": 1}"#).is_err());
+    }
+
+    #[test]
+    fn errors_name_the_bad_field_or_value() {
+        let cases = [
+            (
+                "unknown top-level field",
+                r#"{"bogus": 1}"#,
+                "unknown field `bogus`",
+            ),
+            (
+                "unknown model field",
+                r#"{"models": [{"model": "m", "render_timeout": 5}]}"#,
+                "unknown field `render_timeout`",
+            ),
+            (
+                "unknown backend",
+                r#"{"models": [{"model": "m", "backends": ["remote"]}]}"#,
+                "unknown variant `remote`",
+            ),
+            (
+                "model missing",
+                r#"{"models": [{}]}"#,
+                "missing field `model`",
+            ),
+            (
+                "negative size",
+                r#"{"queue_limit": -1}"#,
+                "invalid value: integer `-1`",
+            ),
+        ];
+        for (name, json, want) in cases {
+            let err = serde_json::from_str::<TokenizeConfig>(json).unwrap_err();
+            assert!(err.to_string().contains(want), "{name}: {err}");
+        }
     }
 }

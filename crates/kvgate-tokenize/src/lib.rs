@@ -14,6 +14,7 @@
 //! - `assets`: reading `tokenizer.json` / `tokenizer_config.json`, plain or `.gz`.
 //! - `template`: the minijinja environment configured like transformers.
 //! - `pyjson`: Python `json.dumps` (separators, `ensure_ascii`, float `repr`).
+//! - `bigint`: integers beyond `u64`/`i64` kept digit for digit, as Python keeps them.
 //! - `chat`: vLLM's chat-request normalization into template variables.
 //! - `anthropic`: vLLM's Anthropic Messages → chat conversion.
 //! - `prefix_cache`: the special-token segment cache (exact by construction).
@@ -24,9 +25,12 @@
 //! - [`metrics`]: [`TokenizeMetrics`] and metric names.
 //! - [`parity`]: the parity corpus format and divergence reports.
 //! - [`cli`]: `kvgate tokenize` and `kvgate parity` entry points.
+//! - `test_util` (feature `test-util`): the Qwen3 fixture loader and a seeded generator for
+//!   tests, here and in other crates.
 
 mod anthropic;
 mod assets;
+mod bigint;
 pub mod chain;
 mod chat;
 pub mod cli;
@@ -42,8 +46,8 @@ mod prefix_cache;
 mod pyjson;
 pub mod render;
 mod template;
-#[cfg(test)]
-mod test_util;
+#[cfg(any(test, feature = "test-util"))]
+pub mod test_util;
 
 pub use self::{
     assets::LoadError,
@@ -54,7 +58,7 @@ pub use self::{
     outcome::{
         BackendError, BackendKind, Fallback, FallbackReason, MmItem, PromptTokens, Tokenized,
     },
-    pool::{BlockingPool, PoolError, PoolOptions},
+    pool::{BlockingPool, PoolCounters, PoolError, PoolOptions},
     prefix::{PrefixSession, PromptPrefix, SAFETY_MARGIN_TOKENS},
     render::{RenderBackend, RenderOptions},
 };

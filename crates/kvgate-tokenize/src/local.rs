@@ -11,6 +11,7 @@ use tokenizers::Tokenizer;
 
 use crate::anthropic::{self, AnthropicProbe};
 use crate::assets::{Assets, LoadError};
+use crate::bigint::BigInts;
 use crate::chat::{self, Rejection};
 use crate::outcome::{BackendError, FallbackReason, PromptTokens};
 use crate::prefix::PrefixSupport;
@@ -127,7 +128,7 @@ impl LocalTokenizer {
                 "messages": [{"role": "user", "content": "Hi"}],
                 "reasoning_effort": effort,
             });
-            let input = chat::normalize(&body, self.mentions_developer).ok()?;
+            let input = chat::normalize(&body, BigInts::default(), self.mentions_developer).ok()?;
             t.render(&input.template).ok()
         };
         let disabled_thinking_effort = match render_effort("none") {
@@ -162,9 +163,13 @@ impl LocalTokenizer {
         self.tokenizer.decode(ids, false).unwrap_or_default()
     }
 
-    fn parse(body: &[u8]) -> Result<Value, BackendError> {
-        serde_json::from_slice(body)
-            .map_err(|e| BackendError::new(FallbackReason::BodyNotJson, e.to_string()))
+    /// The body as JSON, with its integers beyond `u64`/`i64`.
+    fn parse(body: &[u8]) -> Result<(Value, BigInts), BackendError> {
+        let value = serde_json::from_slice(body)
+            .map_err(|e| BackendError::new(FallbackReason::BodyNotJson, e.to_string()))?;
+        let mut ints = BigInts::default();
+        ints.note(body, &value).map_err(rejection)?;
+        Ok((value, ints))
     }
 
     fn template(&self) -> Result<&ChatTemplate, BackendError> {
@@ -177,7 +182,12 @@ impl LocalTokenizer {
     }
 
     /// The chat-template input vLLM would build for `body` (chat or messages).
-    fn chat_input(&self, api: Api, body: &Value) -> Result<(TemplateInput, bool), BackendError> {
+    fn chat_input(
+        &self,
+        api: Api,
+        body: &Value,
+        ints: BigInts,
+    ) -> Result<(TemplateInput, bool), BackendError> {
         let converted;
         let chat_body = match api {
             Api::ChatCompletions => body,
@@ -192,7 +202,7 @@ impl LocalTokenizer {
                 ));
             }
         };
-        let input = chat::normalize(chat_body, self.mentions_developer).map_err(rejection)?;
+        let input = chat::normalize(chat_body, ints, self.mentions_developer).map_err(rejection)?;
         Ok((input.template, input.add_special_tokens))
     }
 
@@ -201,8 +211,8 @@ impl LocalTokenizer {
     /// # Errors
     /// A [`BackendError`] naming why the request cannot be rendered locally.
     pub fn render_prompt(&self, api: Api, body: &[u8]) -> Result<String, BackendError> {
-        let value = Self::parse(body)?;
-        let (input, _) = self.chat_input(api, &value)?;
+        let (value, ints) = Self::parse(body)?;
+        let (input, _) = self.chat_input(api, &value, ints)?;
         self.template()?.render(&input).map_err(render_error)
     }
 
@@ -242,10 +252,14 @@ impl LocalTokenizer {
         api: Api,
         body: &[u8],
     ) -> Result<PromptSource, BackendError> {
-        let value = Self::parse(body)?;
+        #[cfg(test)]
+        if body == crate::test_util::PANIC_BODY.as_bytes() {
+            panic!("test seam: tokenizer panic");
+        }
+        let (value, ints) = Self::parse(body)?;
         match api {
             Api::ChatCompletions | Api::Messages => {
-                let (input, add_special) = self.chat_input(api, &value)?;
+                let (input, add_special) = self.chat_input(api, &value, ints)?;
                 let text = self.template()?.render(&input).map_err(render_error)?;
                 Ok(PromptSource::Text(text, add_special))
             }
@@ -392,6 +406,16 @@ mod tests {
                 Api::ChatCompletions,
                 r#"{"messages":[]}"#,
                 FallbackReason::TemplateError,
+            ),
+            (
+                Api::ChatCompletions,
+                r#"{"messages":[{"role":"user","content":"x"}],"tools":[{"type":"function","function":{"name":"f","parameters":{"maximum":340282366920938463463374607431768211456}}}]}"#,
+                FallbackReason::UnsupportedFeature,
+            ),
+            (
+                Api::ChatCompletions,
+                r#"{"messages":[{"role":"assistant","tool_calls":[{"function":{"name":"f","arguments":"{\"a\": 18446744073709551616, \"b\": 18446744073709551617}"}}]}]}"#,
+                FallbackReason::UnsupportedFeature,
             ),
         ];
         for (api, body, want) in cases {

@@ -5,7 +5,9 @@ use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
-use prometheus_client::registry::Registry;
+use prometheus_client::registry::{Metric, Registry};
+
+use crate::pool::PoolCounters;
 
 /// `kvgate_tokenize_total{model,backend,outcome,reason}`.
 pub const TOKENIZE_TOTAL: &str = "kvgate_tokenize_total";
@@ -13,7 +15,9 @@ pub const TOKENIZE_TOTAL: &str = "kvgate_tokenize_total";
 pub const TOKENIZE_DURATION_SECONDS: &str = "kvgate_tokenize_duration_seconds";
 /// `kvgate_tokenize_queue_rejected_total`.
 pub const QUEUE_REJECTED_TOTAL: &str = "kvgate_tokenize_queue_rejected_total";
-
+/// `kvgate_tokenize_panics_total`: tokenizer jobs that panicked (the request fell back to the
+/// next backend; the worker thread was kept).
+pub const PANICS_TOTAL: &str = "kvgate_tokenize_panics_total";
 /// `kvgate_tokenize_prefix_total{model,outcome}`: prefix tokenizations (routing needed
 /// only a prefix), by `outcome`: `stopped_early` or `complete`.
 pub const TOKENIZE_PREFIX_TOTAL: &str = "kvgate_tokenize_prefix_total";
@@ -21,6 +25,34 @@ pub const TOKENIZE_PREFIX_TOTAL: &str = "kvgate_tokenize_prefix_total";
 /// routing stopped early (estimated).
 pub const TOKENIZE_PREFIX_SKIPPED_TOKENS_TOTAL: &str =
     "kvgate_tokenize_prefix_skipped_tokens_total";
+
+/// Each family's name and help text.
+const HELP: [(&str, &str); 6] = [
+    (
+        TOKENIZE_TOTAL,
+        "Tokenization attempts per model, backend, outcome and fallback reason",
+    ),
+    (
+        TOKENIZE_DURATION_SECONDS,
+        "Time spent in each tokenization backend",
+    ),
+    (
+        QUEUE_REJECTED_TOTAL,
+        "Tokenization requests rejected because the blocking queue was full",
+    ),
+    (
+        PANICS_TOTAL,
+        "Tokenizer jobs that panicked; the request fell back, the worker was kept",
+    ),
+    (
+        TOKENIZE_PREFIX_TOTAL,
+        "Prefix tokenizations, by whether routing stopped before the end",
+    ),
+    (
+        TOKENIZE_PREFIX_SKIPPED_TOKENS_TOTAL,
+        "Prompt tokens (estimated) routing did not need",
+    ),
+];
 
 /// Labels of [`TOKENIZE_PREFIX_TOTAL`].
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -64,7 +96,7 @@ pub struct BackendLabels {
 pub struct TokenizeMetrics {
     pub(crate) attempts: Family<AttemptLabels, Counter>,
     pub(crate) duration: Family<BackendLabels, Histogram>,
-    pub(crate) queue_rejected: Counter,
+    pub(crate) pool: PoolCounters,
     pub(crate) prefix: Family<PrefixLabels, Counter>,
     pub(crate) prefix_skipped: Family<ModelLabels, Counter>,
 }
@@ -74,39 +106,38 @@ fn duration_histogram() -> Histogram {
     Histogram::new(exponential_buckets(0.000_05, 2.5, 15))
 }
 
+fn attempt_labels(model: &str, backend: &str, outcome: &str, reason: &str) -> AttemptLabels {
+    AttemptLabels {
+        model: model.to_owned(),
+        backend: backend.to_owned(),
+        outcome: outcome.to_owned(),
+        reason: reason.to_owned(),
+    }
+}
+
+/// Registers `metric` under `name` with its [`HELP`] text.
+fn register(registry: &mut Registry, name: &str, metric: impl Metric) {
+    let help = HELP.iter().find(|(n, _)| *n == name).map_or("", |(_, h)| h);
+    // prometheus-client adds the prefix, and `_total` to counters.
+    let name = name
+        .trim_start_matches("kvgate_")
+        .trim_end_matches("_total");
+    registry.register(name, help, metric);
+}
+
 impl TokenizeMetrics {
     /// Creates the families and registers them in `registry`.
     pub fn new(registry: &mut Registry) -> TokenizeMetrics {
         let m = TokenizeMetrics::unregistered();
         let registry = registry.sub_registry_with_prefix("kvgate");
-        // prometheus-client adds the prefix, and `_total` to counters.
-        let local = |name: &'static str| {
-            name.trim_start_matches("kvgate_")
-                .trim_end_matches("_total")
-        };
-        registry.register(
-            local(TOKENIZE_TOTAL),
-            "Tokenization attempts per model, backend, outcome and fallback reason",
-            m.attempts.clone(),
-        );
-        registry.register(
-            local(TOKENIZE_DURATION_SECONDS),
-            "Time spent in each tokenization backend",
-            m.duration.clone(),
-        );
-        registry.register(
-            local(QUEUE_REJECTED_TOTAL),
-            "Tokenization requests rejected because the blocking queue was full",
-            m.queue_rejected.clone(),
-        );
-        registry.register(
-            local(TOKENIZE_PREFIX_TOTAL),
-            "Prefix tokenizations for routing, by whether routing stopped before the prompt's end",
-            m.prefix.clone(),
-        );
-        registry.register(
-            local(TOKENIZE_PREFIX_SKIPPED_TOKENS_TOTAL),
-            "Prompt tokens (estimated) not tokenized because routing did not need them",
+        register(registry, TOKENIZE_TOTAL, m.attempts.clone());
+        register(registry, TOKENIZE_DURATION_SECONDS, m.duration.clone());
+        register(registry, QUEUE_REJECTED_TOTAL, m.pool.rejected.clone());
+        register(registry, PANICS_TOTAL, m.pool.panics.clone());
+        register(registry, TOKENIZE_PREFIX_TOTAL, m.prefix.clone());
+        register(
+            registry,
+            TOKENIZE_PREFIX_SKIPPED_TOKENS_TOTAL,
             m.prefix_skipped.clone(),
         );
         m
@@ -117,21 +148,15 @@ impl TokenizeMetrics {
         TokenizeMetrics {
             attempts: Family::default(),
             duration: Family::new_with_constructor(duration_histogram),
-            queue_rejected: Counter::default(),
+            pool: PoolCounters::default(),
             prefix: Family::default(),
             prefix_skipped: Family::default(),
         }
     }
 
     pub(crate) fn attempt(&self, model: &str, backend: &str, outcome: &str, reason: &str) {
-        self.attempts
-            .get_or_create(&AttemptLabels {
-                model: model.to_owned(),
-                backend: backend.to_owned(),
-                outcome: outcome.to_owned(),
-                reason: reason.to_owned(),
-            })
-            .inc();
+        let labels = attempt_labels(model, backend, outcome, reason);
+        self.attempts.get_or_create(&labels).inc();
     }
 
     pub(crate) fn observe(&self, backend: &str, seconds: f64) {
@@ -144,15 +169,8 @@ impl TokenizeMetrics {
 
     /// Current value of one `kvgate_tokenize_total` series (tests and diagnostics).
     pub fn attempts_value(&self, model: &str, backend: &str, outcome: &str, reason: &str) -> u64 {
-        self.attempts
-            .get(&AttemptLabels {
-                model: model.to_owned(),
-                backend: backend.to_owned(),
-                outcome: outcome.to_owned(),
-                reason: reason.to_owned(),
-            })
-            .map(|c| c.get())
-            .unwrap_or(0)
+        let labels = attempt_labels(model, backend, outcome, reason);
+        self.attempts.get(&labels).map_or(0, |c| c.get())
     }
 
     /// Counts one prefix tokenization: `stopped_early` (with the estimated tokens skipped) or
@@ -199,6 +217,11 @@ impl TokenizeMetrics {
 
     /// Current value of `kvgate_tokenize_queue_rejected_total`.
     pub fn queue_rejected_value(&self) -> u64 {
-        self.queue_rejected.get()
+        self.pool.rejected.get()
+    }
+
+    /// Current value of `kvgate_tokenize_panics_total`.
+    pub fn panics_value(&self) -> u64 {
+        self.pool.panics.get()
     }
 }

@@ -58,6 +58,9 @@ pub enum FallbackReason {
     BodyNotJson,
     /// The request is invalid for this API (the engine would answer 400).
     InvalidRequest,
+    /// The local tokenizer panicked on this request (a bug; counted in
+    /// `kvgate_tokenize_panics_total`).
+    TokenizerPanic,
 }
 
 impl FallbackReason {
@@ -78,6 +81,7 @@ impl FallbackReason {
             FallbackReason::MediaNeedsRender => "media_needs_render",
             FallbackReason::BodyNotJson => "body_not_json",
             FallbackReason::InvalidRequest => "invalid_request",
+            FallbackReason::TokenizerPanic => "tokenizer_panic",
         }
     }
 }

@@ -208,8 +208,24 @@ mod tests {
         assert_eq!(got[0].mm_items[0].offset, 2);
         let list = br#"[{"token_ids":[1]},{"token_ids":[2,3],"features":null}]"#;
         assert_eq!(parse_response(list).unwrap().len(), 2);
-        for bad in [&b"{}"[..], b"[1]", b"{\"token_ids\":[-1]}", b"nope"] {
-            assert!(parse_response(bad).is_err());
+        let bad: [(&[u8], &str); 6] = [
+            (b"{}", "no token_ids"),
+            (b"[1]", "no token_ids"),
+            (br#"{"token_ids":[-1]}"#, "token_ids holds a non-u32"),
+            (b"nope", "invalid json: expected ident"),
+            (b"7", "response is neither an object nor a list"),
+            (
+                br#"{"token_ids":[1],"features":{"mm_hashes":{},"mm_placeholders":{"image":[{"length":1}]}}}"#,
+                "placeholder without offset",
+            ),
+        ];
+        for (body, want) in bad {
+            let err = parse_response(body).unwrap_err();
+            assert!(
+                err.starts_with(want),
+                "{}: {err}",
+                String::from_utf8_lossy(body)
+            );
         }
     }
 }

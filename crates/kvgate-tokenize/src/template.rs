@@ -1,18 +1,18 @@
 //! The chat-template environment, configured like transformers' `apply_chat_template`:
 //! jinja2 `ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)` with
 //! loop controls, `tojson` = `json.dumps(ensure_ascii=False)` with Python separators,
-//! `raise_exception`, `strftime_now`, Python string/dict methods (minijinja-contrib
-//! pycompat), and the `continue_final_message` cut.
+//! `raise_exception`, `strftime_now` (local time, as Python's `datetime.now()`), Python
+//! string/dict methods (minijinja-contrib pycompat), and the `continue_final_message` cut.
 
 use std::collections::HashSet;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use minijinja::syntax::SyntaxConfig;
-use minijinja::value::{Kwargs, Rest, Value as JValue, ValueKind};
+use minijinja::value::{Kwargs, Rest, Serde, Value as JValue, ValueKind};
 use minijinja::{Environment, Error as JError, ErrorKind};
 use serde_json::{Map, Value};
 
 use crate::assets::LoadError;
+use crate::bigint::{BigInts, WithBigInts};
 use crate::pyjson::{self, DumpOptions};
 
 const DEFAULT_NAME: &str = "chat";
@@ -33,6 +33,8 @@ pub(crate) struct TemplateInput {
     pub(crate) continue_final_message: bool,
     /// Every other template variable (`chat_template_kwargs`, `enable_thinking`, …).
     pub(crate) kwargs: Map<String, Value>,
+    /// The request's integers beyond `u64`/`i64`, rendered with every digit.
+    pub(crate) big_ints: BigInts,
 }
 
 /// Why a chat template could not be rendered.
@@ -115,115 +117,22 @@ fn tojson(value: JValue, args: Rest<JValue>, kwargs: Kwargs) -> Result<JValue, J
         .map_err(|e| JError::new(ErrorKind::InvalidOperation, e.to_string()))
 }
 
-/// Days since 1970-01-01 → (year, month 1..=12, day 1..=31) (proleptic Gregorian).
-fn civil_from_days(days: i64) -> (i64, u32, u32) {
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    (y, m, d)
+/// Python's `datetime.now().strftime(fmt)`, as transformers defines `strftime_now`: the
+/// wall-clock time in the system time zone (`TZ`, else `/etc/localtime`), so a router and
+/// its engines agree when they share a time zone. A directive that has no meaning for a naive
+/// local time (`%z`, `%Z`, where Python prints nothing) or that jiff does not know raises,
+/// and the chain asks `/render` instead.
+fn strftime_now(fmt: String) -> Result<String, JError> {
+    strftime_local(&fmt, jiff::ZonedDateTime::now().datetime())
 }
 
-const MONTHS: [&str; 12] = [
-    "January",
-    "February",
-    "March",
-    "April",
-    "May",
-    "June",
-    "July",
-    "August",
-    "September",
-    "October",
-    "November",
-    "December",
-];
-const WEEKDAYS: [&str; 7] = [
-    "Monday",
-    "Tuesday",
-    "Wednesday",
-    "Thursday",
-    "Friday",
-    "Saturday",
-    "Sunday",
-];
-
-/// Python `datetime.now().strftime(fmt)` in UTC for the common directives.
-fn strftime_now(fmt: String) -> String {
-    let secs = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs() as i64)
-        .unwrap_or(0);
-    strftime_at(&fmt, secs)
-}
-
-fn strftime_at(fmt: &str, secs: i64) -> String {
-    let days = secs.div_euclid(86_400);
-    let rem = secs.rem_euclid(86_400);
-    let (y, m, d) = civil_from_days(days);
-    let (hh, mm, ss) = (rem / 3600, (rem / 60) % 60, rem % 60);
-    let weekday = (days + 3).rem_euclid(7) as usize; // 1970-01-01 was a Thursday
-    let month = MONTHS[(m as usize).saturating_sub(1) % 12];
-    let mut out = String::new();
-    let mut chars = fmt.chars();
-    while let Some(c) = chars.next() {
-        if c != '%' {
-            out.push(c);
-            continue;
-        }
-        let mut spec = chars.next();
-        let no_pad = spec == Some('-');
-        if no_pad {
-            spec = chars.next();
-        }
-        let num = |v: i64, w: usize| {
-            if no_pad {
-                v.to_string()
-            } else {
-                format!("{v:0w$}")
-            }
-        };
-        match spec {
-            Some('Y') => out.push_str(&y.to_string()),
-            Some('y') => out.push_str(&num(y.rem_euclid(100), 2)),
-            Some('m') => out.push_str(&num(i64::from(m), 2)),
-            Some('d') => out.push_str(&num(i64::from(d), 2)),
-            Some('H') => out.push_str(&num(hh, 2)),
-            Some('M') => out.push_str(&num(mm, 2)),
-            Some('S') => out.push_str(&num(ss, 2)),
-            Some('B') => out.push_str(month),
-            Some('b') => out.push_str(&month[..3]),
-            Some('A') => out.push_str(WEEKDAYS[weekday]),
-            Some('a') => out.push_str(&WEEKDAYS[weekday][..3]),
-            Some('j') => {
-                let (y0, _, _) = (y, 0, 0);
-                let jan1 = days_from_civil(y0, 1, 1);
-                out.push_str(&num(days - jan1 + 1, 3));
-            }
-            Some('%') => out.push('%'),
-            Some(other) => {
-                out.push('%');
-                out.push(other);
-            }
-            None => out.push('%'),
-        }
-    }
-    out
-}
-
-fn days_from_civil(y: i64, m: u32, d: u32) -> i64 {
-    let y = if m <= 2 { y - 1 } else { y };
-    let era = y.div_euclid(400);
-    let yoe = y.rem_euclid(400);
-    let mp = i64::from((m + 9) % 12);
-    let doy = (153 * mp + 2) / 5 + i64::from(d) - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    era * 146_097 + doe - 719_468
+fn strftime_local(fmt: &str, local: jiff::civil::DateTime) -> Result<String, JError> {
+    jiff::fmt::strtime::format(fmt, local).map_err(|e| {
+        JError::new(
+            ErrorKind::InvalidOperation,
+            format!("strftime_now({fmt:?}): {e}"),
+        )
+    })
 }
 
 /// Python `str.strip()` whitespace.
@@ -316,7 +225,16 @@ impl ChatTemplate {
             "add_generation_prompt".into(),
             Value::Bool(input.add_generation_prompt),
         );
-        tmpl.render(JValue::from(minijinja::value::Serde(&ctx)))
+        let ctx = Value::Object(ctx);
+        let ctx = if input.big_ints.is_empty() {
+            JValue::from(Serde(&ctx))
+        } else {
+            JValue::from(Serde(WithBigInts {
+                value: &ctx,
+                ints: &input.big_ints,
+            }))
+        };
+        tmpl.render(ctx)
             .map_err(|e| RenderError::Template(format!("{e:#}")))
     }
 
@@ -458,16 +376,56 @@ mod tests {
 
     #[test]
     fn strftime_formats() {
-        // 2024-02-29T13:05:09Z is 1709211909
+        let at = jiff::civil::date(2024, 2, 29).at(13, 5, 9, 0);
         let cases = [
             ("%Y-%m-%d %H:%M:%S", "2024-02-29 13:05:09"),
             ("%d %b %Y", "29 Feb 2024"),
             ("%B %-d, %Y (%A)", "February 29, 2024 (Thursday)"),
             ("%j%%", "060%"),
+            ("%a %y", "Thu 24"),
         ];
         for (fmt, want) in cases {
-            assert_eq!(strftime_at(fmt, 1_709_211_909), want, "{fmt}");
+            assert_eq!(strftime_local(fmt, at).unwrap(), want, "{fmt}");
         }
+        for fmt in ["%z", "%Z"] {
+            let err = strftime_local(fmt, at).unwrap_err();
+            assert!(err.to_string().contains(fmt), "{fmt}: {err}");
+        }
+    }
+
+    /// `strftime_now` is wall-clock time in the system time zone, as Python's
+    /// `datetime.now()`: this test re-runs itself in a child process with `TZ` at +05:30.
+    #[test]
+    fn strftime_now_is_local_time() {
+        const CHILD: &str = "KVGATE_TEST_STRFTIME_CHILD";
+        const NAME: &str = "template::tests::strftime_now_is_local_time";
+        let fmt = "%Y-%m-%d %H:%M";
+        if std::env::var_os(CHILD).is_some() {
+            let tz = jiff::tz::TimeZone::fixed(
+                jiff::tz::offset(5) + jiff::SignedDuration::from_mins(30),
+            );
+            let local = |t: jiff::Timestamp| t.to_zoned_datetime(tz.clone()).datetime();
+            let before = strftime_local(fmt, local(jiff::Timestamp::now())).unwrap();
+            let got = strftime_now(fmt.to_owned()).unwrap();
+            let after = strftime_local(fmt, local(jiff::Timestamp::now())).unwrap();
+            assert!(
+                got == before || got == after,
+                "{got} is not {before} (+05:30)"
+            );
+            return;
+        }
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([NAME, "--exact", "--test-threads=1"])
+            .env(CHILD, "1")
+            .env("TZ", "<+0530>-05:30")
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && stdout.contains("1 passed"),
+            "{stdout}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
 
     #[test]

@@ -1,19 +1,57 @@
-//! Shared test fixtures.
+//! Shared test fixtures: the committed Qwen3 tokenizer and a seeded generator for property
+//! tests (the workspace has no proptest). Compiled for this crate's tests and, behind the
+//! `test-util` feature, for other crates' tests.
+
+// A fixture that cannot load is a failed test, not an input error.
+#![allow(clippy::expect_used)]
 
 use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 
 use crate::local::{LocalOptions, LocalTokenizer};
 
-/// The committed Qwen3 tokenizer directory.
-pub(crate) fn qwen3_dir() -> PathBuf {
+/// The committed Qwen3 tokenizer directory (`testdata/tokenizers/qwen3`).
+pub fn qwen3_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../testdata/tokenizers/qwen3")
 }
 
 /// The Qwen3 tokenizer, loaded once per test binary (loading is slow in debug builds).
-pub(crate) fn qwen3() -> Arc<LocalTokenizer> {
+///
+/// # Panics
+/// When the committed tokenizer does not load.
+pub fn qwen3() -> Arc<LocalTokenizer> {
     static TOK: OnceLock<Arc<LocalTokenizer>> = OnceLock::new();
     Arc::clone(TOK.get_or_init(|| {
         Arc::new(LocalTokenizer::load(&qwen3_dir(), LocalOptions::default()).expect("qwen3 loads"))
     }))
+}
+
+/// A request body the local backend panics on, in this crate's unit tests only: the seam
+/// for the pool's panic recovery.
+#[cfg(test)]
+pub(crate) const PANIC_BODY: &str = r#"{"model":"m","messages":[],"kvgate_test":"panic"}"#;
+
+/// SplitMix64: a tiny seeded generator, so a failing case is replayed from its seed.
+#[derive(Debug, Clone)]
+pub struct Rng(pub u64);
+
+impl Rng {
+    /// The next 64 random bits.
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// A number in `0..n` (0 when `n` is 0).
+    pub fn below(&mut self, n: usize) -> usize {
+        (self.next_u64() % n.max(1) as u64) as usize
+    }
+
+    /// One of `items` (which must not be empty).
+    pub fn pick<'a>(&mut self, items: &[&'a str]) -> &'a str {
+        items[self.below(items.len())]
+    }
 }

@@ -5,7 +5,6 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: panics are failures
 
 use std::convert::Infallible;
-use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -16,9 +15,10 @@ use hyper::service::service_fn;
 use hyper::{Request as HttpRequest, Response};
 use hyper_util::rt::TokioIo;
 use kvgate_request::{Api, Request, SealedRequest};
+use kvgate_tokenize::test_util::qwen3;
 use kvgate_tokenize::{
-    BackendKind, FallbackReason, LocalOptions, LocalTokenizer, PoolOptions, RenderBackend,
-    RenderOptions, TokenizeError, TokenizeMetrics, TokenizeService, TokenizerChain,
+    BackendKind, FallbackReason, PoolOptions, RenderBackend, RenderOptions, TokenizeError,
+    TokenizeMetrics, TokenizeService, TokenizerChain,
 };
 use tokio::net::TcpListener;
 
@@ -86,11 +86,6 @@ async fn dead_url() -> String {
     let url = format!("http://{}", l.local_addr().unwrap());
     drop(l);
     url
-}
-
-fn qwen3() -> Arc<LocalTokenizer> {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../testdata/tokenizers/qwen3");
-    Arc::new(LocalTokenizer::load(&dir, LocalOptions::default()).unwrap())
 }
 
 fn sealed(api: Api, body: &str, alias_to: Option<&str>) -> SealedRequest {
@@ -192,6 +187,19 @@ const LRE: &[BackendKind] = &[
 ];
 const RE: &[BackendKind] = &[BackendKind::Render, BackendKind::Estimate];
 const CHAT: &str = r#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#;
+/// What a row does not say: a chat request, the local tokenizer loaded, a healthy render
+/// server, the chain local → render → estimate, and render serving.
+const BASE: Row = Row {
+    name: "",
+    order: LRE,
+    local: true,
+    render: Some(Mode::Ok),
+    dead_render: false,
+    api: Api::ChatCompletions,
+    body: CHAT,
+    want_backend: BackendKind::Render,
+    want_reasons: &[],
+};
 
 #[tokio::test]
 async fn fallback_table() {
@@ -199,76 +207,41 @@ async fn fallback_table() {
     let rows = [
         Row {
             name: "local serves",
-            order: LRE,
-            local: true,
-            render: Some(Mode::Ok),
-            dead_render: false,
-            api: Api::ChatCompletions,
-            body: CHAT,
             want_backend: BackendKind::Local,
-            want_reasons: &[],
+            ..BASE
         },
         Row {
             name: "no tokenizer",
-            order: LRE,
             local: false,
-            render: Some(Mode::Ok),
-            dead_render: false,
-            api: Api::ChatCompletions,
-            body: CHAT,
-            want_backend: BackendKind::Render,
             want_reasons: &[(BackendKind::Local, FallbackReason::NoTokenizer)],
+            ..BASE
         },
         Row {
             name: "template error",
-            order: LRE,
-            local: true,
-            render: Some(Mode::Ok),
-            dead_render: false,
-            api: Api::ChatCompletions,
             body: r#"{"model":"m","messages":[]}"#,
-            want_backend: BackendKind::Render,
             want_reasons: &[(BackendKind::Local, FallbackReason::TemplateError)],
+            ..BASE
         },
         Row {
             name: "media",
-            order: LRE,
-            local: true,
-            render: Some(Mode::Ok),
-            dead_render: false,
-            api: Api::ChatCompletions,
             body: r#"{"model":"m","messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"data:image/png;base64,AA=="}}]}]}"#,
-            want_backend: BackendKind::Render,
             want_reasons: &[(BackendKind::Local, FallbackReason::MediaNeedsRender)],
+            ..BASE
         },
         Row {
             name: "unsupported feature",
-            order: LRE,
-            local: true,
-            render: Some(Mode::Ok),
-            dead_render: false,
-            api: Api::ChatCompletions,
             body: r#"{"model":"m","messages":[{"role":"user","content":"x"}],"truncate_prompt_tokens":5}"#,
-            want_backend: BackendKind::Render,
             want_reasons: &[(BackendKind::Local, FallbackReason::UnsupportedFeature)],
+            ..BASE
         },
         Row {
             name: "invalid request",
-            order: LRE,
-            local: true,
-            render: Some(Mode::Ok),
-            dead_render: false,
-            api: Api::ChatCompletions,
             body: r#"{"model":"m","messages":[{"role":"user","content":"x"}],"continue_final_message":true}"#,
-            want_backend: BackendKind::Render,
             want_reasons: &[(BackendKind::Local, FallbackReason::InvalidRequest)],
+            ..BASE
         },
         Row {
             name: "unsupported api",
-            order: LRE,
-            local: true,
-            render: Some(Mode::Ok),
-            dead_render: false,
             api: Api::Embeddings,
             body: r#"{"model":"m","input":"x"}"#,
             want_backend: BackendKind::Estimate,
@@ -276,28 +249,25 @@ async fn fallback_table() {
                 (BackendKind::Local, FallbackReason::UnsupportedApi),
                 (BackendKind::Render, FallbackReason::UnsupportedApi),
             ],
+            ..BASE
         },
         Row {
             name: "render 500",
             order: RE,
             local: false,
             render: Some(Mode::Status500),
-            dead_render: false,
-            api: Api::ChatCompletions,
-            body: CHAT,
             want_backend: BackendKind::Estimate,
             want_reasons: &[(BackendKind::Render, FallbackReason::RenderHttpError)],
+            ..BASE
         },
         Row {
             name: "render timeout",
             order: RE,
             local: false,
             render: Some(Mode::Hang),
-            dead_render: false,
-            api: Api::ChatCompletions,
-            body: CHAT,
             want_backend: BackendKind::Estimate,
             want_reasons: &[(BackendKind::Render, FallbackReason::RenderTimeout)],
+            ..BASE
         },
         Row {
             name: "render unreachable",
@@ -305,21 +275,18 @@ async fn fallback_table() {
             local: false,
             render: None,
             dead_render: true,
-            api: Api::ChatCompletions,
-            body: CHAT,
             want_backend: BackendKind::Estimate,
             want_reasons: &[(BackendKind::Render, FallbackReason::RenderUnreachable)],
+            ..BASE
         },
         Row {
             name: "no render url",
             order: RE,
             local: false,
             render: None,
-            dead_render: false,
-            api: Api::ChatCompletions,
-            body: CHAT,
             want_backend: BackendKind::Estimate,
             want_reasons: &[(BackendKind::Render, FallbackReason::NoRenderUrl)],
+            ..BASE
         },
     ];
     for row in rows {
@@ -411,6 +378,7 @@ async fn registry_exposes_metric_names() {
         "kvgate_tokenize_total{model=\"m\",backend=\"estimate\",outcome=\"ok\",reason=\"none\"} 1",
         "kvgate_tokenize_duration_seconds_count{backend=\"estimate\"} 1",
         "kvgate_tokenize_queue_rejected_total 0",
+        "kvgate_tokenize_panics_total 0",
     ] {
         assert!(text.contains(name), "{name} missing in:\n{text}");
     }

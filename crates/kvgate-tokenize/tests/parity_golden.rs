@@ -7,7 +7,6 @@ use std::path::PathBuf;
 
 use bytes::Bytes;
 use kvgate_tokenize::parity::{self, collect_files, first_divergence, load_case};
-use kvgate_tokenize::{LocalOptions, LocalTokenizer};
 
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
@@ -15,11 +14,7 @@ fn root() -> PathBuf {
 
 #[test]
 fn local_backend_matches_every_golden() {
-    let tok = LocalTokenizer::load(
-        &root().join("testdata/tokenizers/qwen3"),
-        LocalOptions::default(),
-    )
-    .unwrap();
+    let tok = kvgate_tokenize::test_util::qwen3();
     let files = collect_files(&[root().join("testdata/parity")]).unwrap();
     let mut per_api = std::collections::BTreeMap::<String, usize>::new();
     let mut failures = Vec::new();

@@ -3,7 +3,7 @@ use serde_json::json;
 use super::*;
 
 fn norm(body: Value) -> Result<ChatInput, Rejection> {
-    normalize(&body, false)
+    normalize(&body, BigInts::default(), false)
 }
 
 #[test]

@@ -3,8 +3,7 @@
 //! predicted cached tokens and total, so the same pick. Cases come from a seeded splitmix64
 //! generator (the workspace has no proptest).
 
-use std::path::PathBuf;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kvgate_kvcache::{EndpointKey, EndpointSpec, IndexConfig, KvMetrics};
@@ -12,37 +11,30 @@ use kvgate_request::Api;
 use kvgate_schedule::{
     CycleState, RunView, ScheduleMetrics, Scheduler, SchedulerConfig, SchedulerHandles,
 };
-use kvgate_tokenize::{LocalOptions, LocalTokenizer};
+use kvgate_tokenize::LocalTokenizer;
+use kvgate_tokenize::test_util::Rng;
 use prometheus_client::registry::Registry;
 
 use super::*;
 
 const MODEL: &str = "Qwen/Qwen3-0.6B";
 const BLOCK: u32 = 16;
+const SCOPE: KeyScope<'static> = KeyScope {
+    model: MODEL,
+    cache_salt: None,
+};
 
 fn qwen() -> Arc<LocalTokenizer> {
-    static TOK: OnceLock<Arc<LocalTokenizer>> = OnceLock::new();
-    Arc::clone(TOK.get_or_init(|| {
-        let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../testdata/tokenizers/qwen3");
-        Arc::new(LocalTokenizer::load(&dir, LocalOptions::default()).expect("qwen3 loads"))
-    }))
+    kvgate_tokenize::test_util::qwen3()
 }
 
-/// splitmix64.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n.max(1) as u64) as usize
-    }
+/// The full tokenization of a completions `body` and its block keys.
+fn full_and_keys(t: &LocalTokenizer, body: &str) -> (Vec<u32>, kvgate_kvcache::BlockKeys) {
+    let full = t.tokenize(Api::Completions, body.as_bytes()).expect("ok")[0]
+        .token_ids
+        .clone();
+    let keys = block_keys(&full, BLOCK, SCOPE);
+    (full, keys)
 }
 
 const WORDS: [&str; 16] = [
@@ -64,13 +56,14 @@ const WORDS: [&str; 16] = [
     "world.\n",
 ];
 
-fn prompt(rng: &mut Rng, words: usize) -> String {
+/// A completions body whose prompt is `words` random words.
+fn prompt_body(rng: &mut Rng, words: usize) -> String {
     let mut s = String::new();
     for _ in 0..words {
         s.push_str(WORDS[rng.below(WORDS.len())]);
         s.push(if rng.below(12) == 0 { '\n' } else { ' ' });
     }
-    s
+    serde_json::json!({ "prompt": s }).to_string()
 }
 
 /// One fleet: an index and its endpoints, with each endpoint holding `held[i]` blocks of
@@ -142,14 +135,10 @@ async fn lazy_facts(
     let mut session = PrefixSession::new(qwen(), Api::Completions, body).expect("renders");
     session.advance(PREFIX_TOKENS_START).expect("encodes");
     let endpoints: Vec<&EndpointState> = eps.iter().map(AsRef::as_ref).collect();
-    let scope = KeyScope {
-        model: MODEL,
-        cache_salt: None,
-    };
     let mut passes = 1;
     let session = grow_prefix(
         session,
-        |ids| match_may_continue(index, &endpoints, scope, ids),
+        |ids| match_may_continue(index, &endpoints, SCOPE, ids),
         |mut s, budget| {
             passes += 1;
             let r = s.advance(budget);
@@ -195,19 +184,8 @@ async fn prefix_tokens_route_like_full_tokens() {
     for seed in 0..24u64 {
         let mut rng = Rng(seed);
         let words = 50 + rng.below(6000);
-        let text = prompt(&mut rng, words);
-        let body = serde_json::json!({ "prompt": text }).to_string();
-        let full = t.tokenize(Api::Completions, body.as_bytes()).expect("ok")[0]
-            .token_ids
-            .clone();
-        let keys = block_keys(
-            &full,
-            BLOCK,
-            KeyScope {
-                model: MODEL,
-                cache_salt: None,
-            },
-        );
+        let body = prompt_body(&mut rng, words);
+        let (full, keys) = full_and_keys(&t, &body);
         let n_eps = 1 + rng.below(5);
         let mut held = Vec::new();
         let mut real = Vec::new();
@@ -262,20 +240,10 @@ async fn prefix_tokens_route_like_full_tokens() {
 #[tokio::test]
 async fn short_prompt_is_tokenized_in_full() {
     let t = qwen();
-    let body = br#"{"prompt":"hi there"}"#;
-    let full = t.tokenize(Api::Completions, body).expect("ok")[0]
-        .token_ids
-        .clone();
-    let keys = block_keys(
-        &full,
-        BLOCK,
-        KeyScope {
-            model: MODEL,
-            cache_salt: None,
-        },
-    );
+    let body = r#"{"prompt":"hi there"}"#;
+    let (full, keys) = full_and_keys(&t, body);
     let (index, eps) = fleet(&[0], &[true], &keys);
-    let (lazy, skipped, passes, _) = lazy_facts(&index, &eps, body).await;
+    let (lazy, skipped, passes, _) = lazy_facts(&index, &eps, body.as_bytes()).await;
     assert_eq!((skipped, passes), (0, 1));
     assert_eq!(lazy, base_facts().with_tokens(full, true, Vec::new()));
 }
@@ -284,20 +252,8 @@ async fn short_prompt_is_tokenized_in_full() {
 #[tokio::test]
 async fn unshared_long_prompt_stops_after_one_pass() {
     let t = qwen();
-    let mut rng = Rng(99);
-    let text = prompt(&mut rng, 9000);
-    let body = serde_json::json!({ "prompt": text }).to_string();
-    let full = t.tokenize(Api::Completions, body.as_bytes()).expect("ok")[0]
-        .token_ids
-        .clone();
-    let keys = block_keys(
-        &full,
-        BLOCK,
-        KeyScope {
-            model: MODEL,
-            cache_salt: None,
-        },
-    );
+    let body = prompt_body(&mut Rng(99), 9000);
+    let (full, keys) = full_and_keys(&t, &body);
     // One engine holds the system-prompt-sized first 10 blocks.
     let (index, eps) = fleet(&[10, 0], &[true, false], &keys);
     let (lazy, skipped, passes, _) = lazy_facts(&index, &eps, body.as_bytes()).await;
@@ -318,17 +274,8 @@ async fn unshared_long_prompt_stops_after_one_pass() {
 #[tokio::test]
 async fn sibling_sees_the_whole_prompt_speculated() {
     let t = qwen();
-    let mut rng = Rng(5);
-    let text = prompt(&mut rng, 6000);
-    let body = serde_json::json!({ "prompt": text }).to_string();
-    let full = t.tokenize(Api::Completions, body.as_bytes()).expect("ok")[0]
-        .token_ids
-        .clone();
-    let scope = KeyScope {
-        model: MODEL,
-        cache_salt: None,
-    };
-    let keys = block_keys(&full, BLOCK, scope);
+    let body = prompt_body(&mut Rng(5), 6000);
+    let (full, keys) = full_and_keys(&t, &body);
     let (index, eps) = fleet(&[0, 0], &[true, true], &keys);
     let (facts, skipped, _, mut session) = lazy_facts(&index, &eps, body.as_bytes()).await;
     assert!(skipped > 0);
@@ -345,12 +292,12 @@ async fn sibling_sees_the_whole_prompt_speculated() {
         speculated(&index) < full.len() as u64 / 2,
         "prefix only so far"
     );
-    assert!(speculate_rest(&index, picked, scope, session.exact_ids()));
+    assert!(speculate_rest(&index, picked, SCOPE, session.exact_ids()));
     session.advance(usize::MAX).expect("completes");
     assert_eq!(session.exact_ids(), full.as_slice());
     index.insert_speculative(
         picked.kv_id(),
-        &block_keys(session.exact_ids(), BLOCK, scope),
+        &block_keys(session.exact_ids(), BLOCK, SCOPE),
     );
     assert_eq!(speculated(&index), keys.len() as u64 * u64::from(BLOCK));
     // An endpoint that does not hold the prefix gets nothing.
@@ -358,5 +305,5 @@ async fn sibling_sees_the_whole_prompt_speculated() {
         .iter()
         .find(|e| e.name() != first.picked)
         .expect("other");
-    assert!(!speculate_rest(&index, other, scope, session.exact_ids()));
+    assert!(!speculate_rest(&index, other, SCOPE, session.exact_ids()));
 }

@@ -1,0 +1,114 @@
+use std::path::PathBuf;
+
+use kvgate_request::Request;
+
+use super::*;
+use crate::test_util::{self, PANIC_BODY};
+
+fn sealed(body: &str) -> SealedRequest {
+    let req = Request::parse(Api::ChatCompletions, Bytes::from(body.to_owned())).unwrap();
+    req.seal("req-1".to_owned())
+}
+
+fn service(order: &[BackendKind], threads: usize) -> TokenizeService {
+    let chain = TokenizerChain::new("m", order, Some(test_util::qwen3()), None);
+    let pool = PoolOptions {
+        threads,
+        queue_limit: 8,
+    };
+    TokenizeService::from_chains(vec![chain], pool, TokenizeMetrics::unregistered()).unwrap()
+}
+
+const HI: &str = r#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#;
+const HI_IDS: [u32; 9] = [151644, 872, 198, 6023, 151645, 198, 151644, 77091, 198];
+
+#[tokio::test]
+async fn tokenizer_panics_fall_back_and_keep_the_workers() {
+    let threads = 2;
+    let svc = service(&[BackendKind::Local, BackendKind::Estimate], threads);
+    let panics = 3 * threads;
+    for i in 0..panics {
+        let out = svc.tokenize(&sealed(PANIC_BODY)).await.unwrap();
+        assert_eq!(out.backend, BackendKind::Estimate, "panic {i}");
+        let [fallback] = out.fallbacks.as_slice() else {
+            panic!("panic {i}: {:?}", out.fallbacks);
+        };
+        assert_eq!(fallback.backend, BackendKind::Local);
+        assert_eq!(fallback.error.reason, FallbackReason::TokenizerPanic);
+        assert!(
+            fallback.error.detail.contains("test seam: tokenizer panic"),
+            "{}",
+            fallback.error.detail
+        );
+        // The prefix path answers "use the full chain" instead of failing.
+        let prefix = svc.tokenize_prefix(&sealed(PANIC_BODY), 16).await.unwrap();
+        assert!(prefix.is_none(), "panic {i}");
+    }
+    let m = svc.metrics();
+    assert_eq!(m.panics_value(), 2 * panics as u64);
+    let label = FallbackReason::TokenizerPanic.label();
+    assert_eq!(
+        m.attempts_value("m", "local", "fallback", label),
+        panics as u64
+    );
+    // The workers survived: the pool still runs the local backend.
+    for _ in 0..2 * threads {
+        let out = svc.tokenize(&sealed(HI)).await.unwrap();
+        assert_eq!(out.backend, BackendKind::Local);
+        assert_eq!(out.token_ids(), HI_IDS);
+    }
+    assert_eq!(m.queue_rejected_value(), 0);
+}
+
+#[tokio::test]
+async fn a_panic_is_an_error_when_local_is_the_last_backend() {
+    let svc = service(&[BackendKind::Local], 1);
+    let err = svc.tokenize(&sealed(PANIC_BODY)).await.unwrap_err();
+    let TokenizeError::AllBackendsFailed { fallbacks } = &err else {
+        panic!("{err:?}");
+    };
+    assert_eq!(fallbacks[0].error.reason, FallbackReason::TokenizerPanic);
+    let label = FallbackReason::TokenizerPanic.label();
+    let m = svc.metrics();
+    assert_eq!(m.attempts_value("m", "local", "error", label), 1);
+    assert_eq!(svc.tokenize(&sealed(HI)).await.unwrap().token_ids(), HI_IDS);
+}
+
+#[test]
+fn build_errors_name_the_bad_field() {
+    let with = |f: fn(&mut ModelTokenizerConfig)| {
+        let mut cfg = ModelTokenizerConfig::new("qwen3");
+        f(&mut cfg);
+        cfg
+    };
+    let cases: [(&str, ModelTokenizerConfig, &str); 3] = [
+        (
+            "render_url scheme",
+            with(|c| c.render_url = Some("https://r:8000".into())),
+            "model qwen3: render_url \"https://r:8000\" is not an http:// url",
+        ),
+        (
+            "render_url syntax",
+            with(|c| c.render_url = Some("http://bad host".into())),
+            "model qwen3: render_url \"http://bad host\" is not an http:// url",
+        ),
+        (
+            "tokenizer_dir",
+            with(|c| c.tokenizer_dir = Some(PathBuf::from("/nonexistent/tok"))),
+            "model qwen3: tokenizer_dir /nonexistent/tok",
+        ),
+    ];
+    for (name, cfg, want) in cases {
+        let err = TokenizerChain::from_config(&cfg, LocalOptions::default()).unwrap_err();
+        assert_eq!(err.to_string(), want, "{name}");
+    }
+    let config = TokenizeConfig {
+        models: vec![
+            ModelTokenizerConfig::new("a"),
+            ModelTokenizerConfig::new("a"),
+        ],
+        ..TokenizeConfig::default()
+    };
+    let err = TokenizeService::with_metrics(&config, TokenizeMetrics::unregistered()).unwrap_err();
+    assert_eq!(err.to_string(), "model a is configured twice");
+}
