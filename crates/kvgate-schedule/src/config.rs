@@ -16,6 +16,7 @@
 //!       - { ref: max-score-picker }
 //! scheduling:                   # optional; default single-profile-handler
 //!   profile_handler: { type: pd-profile-handler, parameters: { non_cached_tokens: 256 } }
+//! seed: 42                      # optional; seeds the random pickers (absent: OS entropy)
 //! ```
 //!
 //! The file is parsed once into these specs; each plugin's `parameters` stay a located
@@ -34,7 +35,7 @@ use serde_saphyr::{Location, Spanned};
 
 pub use node::{Node, NodeError};
 
-use crate::error::ConfigError;
+use crate::error::SchedulerConfigError;
 
 /// One plugin instance.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -107,8 +108,8 @@ pub struct SchedulingSpec {
     pub profile_handler: Option<PluginSpec>,
 }
 
-/// The scheduler section of `kvgate.yaml`. Its three keys may sit at the top level of the
-/// file; an embedding config struct can hold them as fields of these types.
+/// The scheduler section of `kvgate.yaml`. Its keys may sit at the top level of the file; an
+/// embedding config struct can hold them as fields of these types.
 #[derive(Debug, Clone, Default, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct SchedulerConfig {
@@ -118,6 +119,11 @@ pub struct SchedulerConfig {
     pub profiles: Vec<ProfileSpec>,
     /// Profile handler selection.
     pub scheduling: SchedulingSpec,
+    /// Seed of the random source the pickers draw from (random tie-breaks, `random-picker`,
+    /// `weighted-random-picker`). Absent (the default): seeded from OS entropy. With a seed, a
+    /// scheduler built from this config makes the same random draws for the same sequence of
+    /// requests (tests, benchmarks).
+    pub seed: Option<u64>,
 }
 
 fn prefix_scorer(precise: bool) -> &'static str {
@@ -137,6 +143,7 @@ fn profile(plugins: &[(&str, Option<f64>)]) -> SchedulerConfig {
             plugins: plugins.iter().map(|(t, w)| PluginRef::new(t, *w)).collect(),
         }],
         scheduling: SchedulingSpec::default(),
+        seed: None,
     }
 }
 
@@ -148,12 +155,13 @@ impl SchedulerConfig {
     /// Parses a YAML document holding only the scheduler keys.
     ///
     /// # Errors
-    /// [`ConfigError::Yaml`] with serde-saphyr's message, which names line and column.
-    pub fn from_yaml(text: &str) -> Result<SchedulerConfig, ConfigError> {
-        serde_saphyr::from_str(text).map_err(|e| ConfigError::Yaml(e.to_string()))
+    /// [`SchedulerConfigError::Yaml`] with serde-saphyr's message, which names line and column.
+    pub fn from_yaml(text: &str) -> Result<SchedulerConfig, SchedulerConfigError> {
+        serde_saphyr::from_str(text).map_err(|e| SchedulerConfigError::Yaml(e.to_string()))
     }
 
-    /// True when nothing is configured (the default profile applies).
+    /// True when no plugin, profile or profile handler is configured (the default profile
+    /// applies; a `seed` still does).
     pub fn is_empty(&self) -> bool {
         self.plugins.is_empty()
             && self.profiles.is_empty()
@@ -218,6 +226,10 @@ mod tests {
             Some(2.0)
         );
         assert!(c.scheduling.profile_handler.is_some());
+        assert_eq!(c.seed, None);
+        let seeded = SchedulerConfig::from_yaml("seed: 42\n").unwrap();
+        assert_eq!(seeded.seed, Some(42));
+        assert!(seeded.is_empty(), "a seed alone keeps the default profile");
     }
 
     #[test]

@@ -1,19 +1,21 @@
 //! Per-request scheduling state: the request facts plugins read, the block keys computed once
-//! and shared by every prefix scorer, the prefix match of the current profile run, and a small
-//! random source for pickers.
+//! and shared by every prefix scorer, the prefix match of the current profile run, and the
+//! random source of the pickers.
 
 use std::sync::Arc;
 use std::time::Instant;
 
 use kvgate_kvcache::{BlockKeys, EndpointId, KeyScope, MmSpan, block_keys_with_mm};
 use kvgate_request::SealedRequest;
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
 
 /// Header carrying the client's session id (read by `session-affinity-scorer`).
 pub const SESSION_HEADER: &str = "x-session-id";
 
 /// The prompt's token ids and how far they can be trusted.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PromptTokens {
+pub struct TokenizedPrompt {
     /// Token ids of the (first) prompt.
     pub ids: Arc<[u32]>,
     /// True when the ids are what the engine computes (local or render backend). Estimates are
@@ -40,7 +42,7 @@ pub struct RequestFacts {
     /// The request's `cache_salt`.
     pub cache_salt: Option<String>,
     /// Prompt tokens, when tokenization produced any.
-    pub tokens: Option<PromptTokens>,
+    pub tokens: Option<TokenizedPrompt>,
     /// Prompt length in tokens (from `tokens`, or an estimate when tokens are missing).
     pub prompt_tokens: Option<u64>,
 }
@@ -71,7 +73,7 @@ impl RequestFacts {
     pub fn with_tokens(mut self, ids: impl Into<Arc<[u32]>>, exact: bool, mm: Vec<MmSpan>) -> Self {
         let ids = ids.into();
         self.prompt_tokens = Some(ids.len() as u64);
-        self.tokens = Some(PromptTokens { ids, exact, mm });
+        self.tokens = Some(TokenizedPrompt { ids, exact, mm });
         self
     }
 
@@ -125,7 +127,7 @@ pub struct CycleState {
     keys: Vec<(u32, Arc<BlockKeys>)>,
     prefix: Option<PrefixMatch>,
     tie_break: Option<Vec<TieKey>>,
-    rng: u64,
+    rng: SmallRng,
 }
 
 /// A candidate's tie-break key, lower is better; compared lexicographically. Scorers that
@@ -135,21 +137,24 @@ pub struct CycleState {
 pub type TieKey = (u64, u64, u64);
 
 impl CycleState {
-    /// A cycle for `facts` evaluated at `now` (metrics staleness, health).
+    /// A cycle for `facts` evaluated at `now` (metrics staleness, health). Its random source
+    /// is seeded from the thread's generator (itself seeded from OS entropy), unless the
+    /// scheduler has a configured seed ([`crate::SchedulerConfig::seed`]) and reseeds it.
     pub fn new(facts: RequestFacts, now: Instant) -> CycleState {
-        let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
-        for b in facts.request_id.bytes() {
-            seed = (seed ^ u64::from(b)).wrapping_mul(0x100_0000_01b3);
-        }
-        seed ^= now.elapsed().as_nanos() as u64;
         CycleState {
             facts,
             now,
             keys: Vec::new(),
             prefix: None,
             tie_break: None,
-            rng: seed,
+            rng: SmallRng::from_rng(&mut rand::rng()),
         }
+    }
+
+    /// Replaces the random source with one seeded by `seed` (a seeded scheduler does this
+    /// at the start of each cycle, so its picks are reproducible).
+    pub(crate) fn reseed(&mut self, seed: u64) {
+        self.rng = SmallRng::seed_from_u64(seed);
     }
 
     /// The request facts.
@@ -242,18 +247,22 @@ impl CycleState {
         self.tie_break.as_deref()
     }
 
-    /// A pseudo-random number (splitmix64), seeded per cycle.
+    /// A random number, uniform over `u64`.
     pub fn next_random(&mut self) -> u64 {
-        self.rng = self.rng.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.rng;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
+        self.rng.random()
     }
 
-    /// A pseudo-random float in [0, 1).
+    /// A random float, uniform in [0, 1).
     pub fn next_unit(&mut self) -> f64 {
-        (self.next_random() >> 11) as f64 / (1u64 << 53) as f64
+        self.rng.random()
+    }
+
+    /// A random index, uniform in `0..len`.
+    ///
+    /// # Panics
+    /// When `len` is 0.
+    pub fn random_index(&mut self, len: usize) -> usize {
+        self.rng.random_range(0..len)
     }
 }
 
@@ -303,5 +312,29 @@ mod tests {
         let mut c = CycleState::new(RequestFacts::default(), Instant::now());
         let mean = (0..1000).map(|_| c.next_unit()).sum::<f64>() / 1000.0;
         assert!((0.4..0.6).contains(&mean), "{mean}");
+    }
+
+    /// A client reusing its `x-request-id` must not get the same random draws each time.
+    #[test]
+    fn one_request_id_many_times_draws_differently() {
+        let facts = RequestFacts {
+            request_id: "client-chosen".into(),
+            ..RequestFacts::default()
+        };
+        let draws: std::collections::HashSet<u64> = (0..1000)
+            .map(|_| CycleState::new(facts.clone(), Instant::now()).next_random())
+            .collect();
+        assert_eq!(draws.len(), 1000);
+    }
+
+    #[test]
+    fn one_seed_draws_one_sequence() {
+        let draws = |seed| {
+            let mut c = CycleState::new(RequestFacts::default(), Instant::now());
+            c.reseed(seed);
+            (0..8).map(|_| c.random_index(1000)).collect::<Vec<_>>()
+        };
+        assert_eq!(draws(7), draws(7));
+        assert_ne!(draws(7), draws(8));
     }
 }

@@ -1,4 +1,4 @@
-//! The crate's error types: [`ConfigError`] (building a scheduler) and [`ScheduleError`]
+//! The crate's error types: [`SchedulerConfigError`] (building a scheduler) and [`ScheduleError`]
 //! (one scheduling cycle).
 
 use std::fmt;
@@ -30,7 +30,7 @@ impl fmt::Display for ConfigIssue {
 
 /// Why a scheduler config was rejected.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
-pub enum ConfigError {
+pub enum SchedulerConfigError {
     /// The YAML does not have the config's shape; serde-saphyr's message names line and column.
     #[error("scheduler config: {0}")]
     Yaml(String),
@@ -47,12 +47,13 @@ pub enum ConfigError {
     },
 }
 
-impl ConfigError {
-    /// The located issues (empty for [`ConfigError::Yaml`] and unlocated parameter errors).
+impl SchedulerConfigError {
+    /// The located issues (empty for [`SchedulerConfigError::Yaml`] and unlocated parameter
+    /// errors).
     pub fn issues(&self) -> &[ConfigIssue] {
         match self {
-            ConfigError::Invalid(v) => v,
-            ConfigError::Yaml(_) | ConfigError::InvalidParameter { .. } => &[],
+            SchedulerConfigError::Invalid(v) => v,
+            SchedulerConfigError::Yaml(_) | SchedulerConfigError::InvalidParameter { .. } => &[],
         }
     }
 }

@@ -17,9 +17,9 @@
 //! use kvgate_kvcache::{IndexConfig, KvIndex, KvMetrics};
 //! use kvgate_schedule::*;
 //!
-//! let mut registry = prometheus_client::registry::Registry::default();
-//! let kv_index = KvIndex::new(IndexConfig::default(), KvMetrics::new(&mut registry));
-//! let metrics = ScheduleMetrics::new(&mut registry);
+//! let mut prometheus = prometheus_client::registry::Registry::default();
+//! let kv_index = KvIndex::new(IndexConfig::default(), KvMetrics::new(&mut prometheus));
+//! let metrics = ScheduleMetrics::new(&mut prometheus);
 //! let cancel = tokio_util::sync::CancellationToken::new();
 //! // Startup: endpoints, then the scheduler (default profile when the config is empty).
 //! let endpoints = EndpointRegistry::new(
@@ -52,20 +52,20 @@
 //! - `cycle`: [`CycleState`] and [`RequestFacts`] (tokens, shared block keys, prefix match).
 //! - `scheduler`: [`Scheduler`] (`scheduler/build`: config → profiles).
 //! - `decision`: [`Decision`], its header value, log line and JSON view.
-//! - `plugins`: the registry table; one file per plugin under
+//! - `plugins`: the plugin catalog (every built-in plugin); one file per plugin under
 //!   `plugins/{filters,scorers,pickers,profile_handlers}/`.
 //! - `endpoint`: [`EndpointState`], health, roles.
 //! - `load`: router-side load counters and [`InFlightGuard`] (prefilling, then decoding).
 //! - `registry`: [`EndpointRegistry`] with `reconcile` for hot reload.
 //! - `scrape`: the per-endpoint `/metrics` poller; `prom`: the Prometheus text parser and
 //!   [`EngineMetrics`].
-//! - `debug`: [`StateSnapshot`] for `/debug/state.json` and [`render_html`] for `/debug/state`.
+//! - `snapshot`: [`StateSnapshot`], the registry's state as data for the admin server's
+//!   `/debug/state` pages.
 //! - `metrics`: [`ScheduleMetrics`] (`kvgate_schedule_*`).
-//! - `error`: [`ConfigError`], [`ScheduleError`].
+//! - `error`: [`SchedulerConfigError`], [`ScheduleError`].
 
 mod config;
 mod cycle;
-mod debug;
 mod decision;
 mod endpoint;
 mod error;
@@ -77,6 +77,7 @@ mod prom;
 mod registry;
 mod scheduler;
 mod scrape;
+mod snapshot;
 #[cfg(test)]
 mod test_util;
 
@@ -85,9 +86,9 @@ pub use self::{
         Node, NodeError, PluginRef, PluginSpec, ProfileSpec, SchedulerConfig, SchedulingSpec,
     },
     cycle::{
-        CycleState, PrefixMatch, PrefixSource, PromptTokens, RequestFacts, SESSION_HEADER, TieKey,
+        CycleState, PrefixMatch, PrefixSource, RequestFacts, SESSION_HEADER, TieKey,
+        TokenizedPrompt,
     },
-    debug::{EndpointSnapshot, IndexSnapshot, StateSnapshot, render_html},
     decision::{
         CandidateView, Decision, DecisionView, Dropped, ProfileDecision, RunView, SCORES_HEADER,
         ScoreView, ScorerColumn,
@@ -96,14 +97,14 @@ pub use self::{
         BadUrl, EndpointState, HealthPolicy, MetricsSnapshot, MetricsView, ROLE_LABEL, Role,
         ServedModel,
     },
-    error::{ConfigError, ConfigIssue, ScheduleError},
+    error::{ConfigIssue, ScheduleError, SchedulerConfigError},
     framework::{
         Filter, HandlerResult, Picker, ProfileHandler, ProfileRunSummary, ScoreOutcome, Scorer,
         SkipReason,
     },
-    load::{InFlightGuard, LoadSnapshot},
+    load::{InFlightGuard, LoadSink, LoadSnapshot, SharedLoad},
     metrics::ScheduleMetrics,
-    plugins::catalogue,
+    plugins::catalog,
     plugins::profile_handlers::pd_profile_handler::PREFILLER_HEADER,
     prom::{EngineKind, EngineMetrics, LoraState, Sample, parse_text},
     registry::{
@@ -111,4 +112,5 @@ pub use self::{
         RegistryHandles,
     },
     scheduler::{Scheduler, SchedulerHandles},
+    snapshot::{EndpointSnapshot, IndexSnapshot, StateSnapshot},
 };

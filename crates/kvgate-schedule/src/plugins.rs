@@ -1,7 +1,8 @@
 //! The built-in plugins (one module per plugin; each module documents its YAML type name,
-//! parameters, defaults and signals) and the registry: an explicit table of every plugin's type name, description,
-//! documented example parameters and build function. Adding a plugin = one file under
-//! `plugins/{filters,scorers,pickers,profile_handlers}/` plus one line in [`REGISTRY`].
+//! parameters, defaults and signals) and the plugin catalog: an explicit table of every
+//! plugin's type name, description, documented example parameters and build function. Adding a
+//! plugin = one file under `plugins/{filters,scorers,pickers,profile_handlers}/` plus one line
+//! in [`CATALOG`]; its build function is one call of the generic [`build`].
 
 pub mod filters;
 pub mod pickers;
@@ -15,7 +16,7 @@ use serde::de::DeserializeOwned;
 use serde_saphyr::Spanned;
 
 use crate::config::node::{Node, NodeError, from_node};
-use crate::error::ConfigError;
+use crate::error::SchedulerConfigError;
 use crate::framework::{Filter, Picker, ProfileHandler, Scorer};
 
 /// A built plugin instance.
@@ -53,7 +54,7 @@ pub(crate) enum BuildError {
     /// The parameters did not deserialize into the plugin's config.
     Parameters(NodeError),
     /// The constructor rejected the config.
-    Config(ConfigError),
+    Config(SchedulerConfigError),
 }
 
 impl From<NodeError> for BuildError {
@@ -62,8 +63,8 @@ impl From<NodeError> for BuildError {
     }
 }
 
-impl From<ConfigError> for BuildError {
-    fn from(e: ConfigError) -> Self {
+impl From<SchedulerConfigError> for BuildError {
+    fn from(e: SchedulerConfigError) -> Self {
         BuildError::Config(e)
     }
 }
@@ -72,7 +73,7 @@ impl From<ConfigError> for BuildError {
 pub(crate) type BuildFn =
     fn(Option<&Spanned<Node>>, &BuildHandles<'_>) -> Result<Built, BuildError>;
 
-/// One registry row.
+/// One catalog row.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Registration {
     /// YAML type name, e.g. `queue-scorer`.
@@ -86,9 +87,7 @@ pub(crate) struct Registration {
 }
 
 /// Deserializes a plugin config; no parameters → `Default`.
-pub(crate) fn params<T: DeserializeOwned + Default>(
-    node: Option<&Spanned<Node>>,
-) -> Result<T, NodeError> {
+fn params<T: DeserializeOwned + Default>(node: Option<&Spanned<Node>>) -> Result<T, NodeError> {
     match node {
         None => Ok(T::default()),
         Some(n) if n.value == Node::Null => Ok(T::default()),
@@ -96,8 +95,43 @@ pub(crate) fn params<T: DeserializeOwned + Default>(
     }
 }
 
-/// Every built-in plugin.
-pub(crate) const REGISTRY: &[Registration] = &[
+/// The build function of every plugin: deserializes the parameters into the plugin's config
+/// `C` (none → `C::default()`), calls its constructor `new` and wraps the result as the kind
+/// of plugin it is. A plugin file's catalog row reads `build: |p, _| build(p, X::new)`, or
+/// passes the handles its constructor takes: `|p, h| build(p, |c| X::new(c, h.kv_index))`.
+pub(crate) fn build<C, P, K>(
+    node: Option<&Spanned<Node>>,
+    new: impl FnOnce(C) -> Result<P, SchedulerConfigError>,
+) -> Result<Built, BuildError>
+where
+    C: DeserializeOwned + Default,
+    P: IntoBuilt<K>,
+    K: ?Sized,
+{
+    Ok(new(params(node)?)?.into_built())
+}
+
+/// Wraps a constructed plugin as a [`Built`]. `K` is the trait object of the plugin's kind
+/// (`dyn Scorer`, ...), implemented once per kind, so [`build`] infers the kind from the type.
+pub(crate) trait IntoBuilt<K: ?Sized> {
+    /// The plugin behind its kind's trait object.
+    fn into_built(self) -> Built;
+}
+
+macro_rules! into_built {
+    ($($kind:ident),+) => {$(
+        impl<P: $kind + 'static> IntoBuilt<dyn $kind> for P {
+            fn into_built(self) -> Built {
+                Built::$kind(Arc::new(self))
+            }
+        }
+    )+};
+}
+
+into_built!(Filter, Scorer, Picker, ProfileHandler);
+
+/// The plugin catalog: every built-in plugin.
+pub(crate) const CATALOG: &[Registration] = &[
     filters::model_filter::REGISTRATION,
     filters::label_selector_filter::REGISTRATION,
     filters::role_filter::REGISTRATION,
@@ -123,12 +157,12 @@ pub(crate) const REGISTRY: &[Registration] = &[
 
 /// The registration of a type name.
 pub(crate) fn lookup(type_name: &str) -> Option<&'static Registration> {
-    REGISTRY.iter().find(|r| r.type_name == type_name)
+    CATALOG.iter().find(|r| r.type_name == type_name)
 }
 
 /// Type names, for "unknown type" messages.
 pub(crate) fn known_types() -> String {
-    REGISTRY
+    CATALOG
         .iter()
         .map(|r| r.type_name)
         .collect::<Vec<_>>()
@@ -136,8 +170,8 @@ pub(crate) fn known_types() -> String {
 }
 
 /// `(type name, description, example parameters in YAML)` of every built-in plugin.
-pub fn catalogue() -> Vec<(&'static str, &'static str, &'static str)> {
-    REGISTRY
+pub fn catalog() -> Vec<(&'static str, &'static str, &'static str)> {
+    CATALOG
         .iter()
         .map(|r| (r.type_name, r.description, r.example))
         .collect()
@@ -168,7 +202,7 @@ mod tests {
     #[test]
     fn names_are_unique_and_suffixed() {
         let mut seen = HashSet::new();
-        for r in REGISTRY {
+        for r in CATALOG {
             assert!(seen.insert(r.type_name), "duplicate {}", r.type_name);
             assert!(
                 ["-filter", "-scorer", "-picker", "-profile-handler"]
@@ -190,7 +224,7 @@ mod tests {
 
     #[test]
     fn every_plugin_builds_from_default_and_example() {
-        for r in REGISTRY {
+        for r in CATALOG {
             let built = handles_ok(r, None).unwrap();
             let suffix_kind = match built {
                 Built::Filter(_) => "-filter",
@@ -212,7 +246,7 @@ mod tests {
 
     #[test]
     fn unknown_parameter_is_rejected_everywhere() {
-        for r in REGISTRY {
+        for r in CATALOG {
             let node: Spanned<Node> = serde_saphyr::from_str("no_such_parameter: 1").unwrap();
             let err = handles_ok(r, Some(&node)).unwrap_err();
             assert!(err.contains("no_such_parameter"), "{err}");

@@ -6,16 +6,18 @@
 
 mod build;
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Instant;
 
 use kvgate_kvcache::KvIndex;
+use rand::Rng;
+use rand::rngs::StdRng;
 
 use crate::config::SchedulerConfig;
 use crate::cycle::CycleState;
 use crate::decision::{Decision, Dropped, ProfileDecision, ScorerColumn};
 use crate::endpoint::EndpointState;
-use crate::error::{ConfigError, ScheduleError};
+use crate::error::{ScheduleError, SchedulerConfigError};
 use crate::framework::{Filter, Picker, ProfileHandler, ProfileRunSummary, ScoreOutcome, Scorer};
 use crate::metrics::ScheduleMetrics;
 
@@ -55,6 +57,9 @@ pub struct Scheduler {
     handler: Arc<dyn ProfileHandler>,
     handler_type: &'static str,
     metrics: ScheduleMetrics,
+    /// With [`SchedulerConfig::seed`]: the generator that seeds each cycle's random source,
+    /// so the draws of a sequence of cycles are reproducible.
+    seeds: Option<Mutex<StdRng>>,
 }
 
 /// Longest chain of profile runs per request (guards against a looping handler).
@@ -65,12 +70,12 @@ impl Scheduler {
     /// [`SchedulerConfig::default_profile`]).
     ///
     /// # Errors
-    /// [`ConfigError::Invalid`] listing every unknown type, bad parameter, dangling reference,
-    /// duplicate name or misplaced plugin, each with its YAML line.
+    /// [`SchedulerConfigError::Invalid`] listing every unknown type, bad parameter, dangling
+    /// reference, duplicate name or misplaced plugin, each with its YAML line.
     pub fn from_config(
         config: &SchedulerConfig,
         handles: &SchedulerHandles,
-    ) -> Result<Scheduler, ConfigError> {
+    ) -> Result<Scheduler, SchedulerConfigError> {
         build::from_config(config, handles)
     }
 
@@ -97,6 +102,13 @@ impl Scheduler {
         candidates: &[Arc<EndpointState>],
     ) -> Result<Decision, ScheduleError> {
         let start = Instant::now();
+        if let Some(seeds) = &self.seeds {
+            let seed = seeds
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .random();
+            cycle.reseed(seed);
+        }
         let result = self.schedule_inner(cycle, candidates, start);
         let secs = start.elapsed().as_secs_f64();
         match &result {

@@ -122,6 +122,24 @@ pub(crate) fn setup(eps: &[Ep], facts: RequestFacts) -> (Vec<Arc<EndpointState>>
     (built, CycleState::new(facts, now))
 }
 
+/// Asserts that `result` is an error whose message names every one of `words` (the bad
+/// field and value).
+#[track_caller]
+pub(crate) fn assert_error_names<T: std::fmt::Debug, E: std::fmt::Display>(
+    result: Result<T, E>,
+    words: &[&str],
+) {
+    match result {
+        Ok(v) => panic!("expected an error naming {words:?}, got {v:?}"),
+        Err(e) => {
+            let message = e.to_string();
+            for w in words {
+                assert!(message.contains(w), "`{message}` does not name `{w}`");
+            }
+        }
+    }
+}
+
 /// Facts for model `m` with no tokens.
 pub(crate) fn facts() -> RequestFacts {
     RequestFacts {

@@ -190,14 +190,22 @@ async fn scrapes_vllm_metrics_and_survives_failures() {
         model: "m".into(),
         ..RequestFacts::default()
     };
+    // Every endpoint's metrics are stale now: none steers the pick, so every candidate scores
+    // the same and the pick is one of the three.
+    let d = scheduler
+        .schedule(
+            &mut CycleState::new(facts, Instant::now()),
+            &registry.healthy(Instant::now()),
+        )
+        .unwrap();
+    let run = &d.runs()[0];
+    assert_eq!(run.candidates.len(), 3);
     assert!(
-        scheduler
-            .schedule(
-                &mut CycleState::new(facts, Instant::now()),
-                &registry.healthy(Instant::now())
-            )
-            .is_ok()
+        run.totals.iter().all(|t| *t == run.totals[0]),
+        "stale metrics must not steer: {:?}",
+        run.totals
     );
+    assert!([g.name(), h.name(), r.name()].contains(&d.endpoint().name()));
 
     // And recovers.
     state.lock().unwrap().0 = 200;

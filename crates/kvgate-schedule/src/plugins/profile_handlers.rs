@@ -3,18 +3,18 @@
 pub mod pd_profile_handler;
 pub mod single_profile_handler;
 
-use crate::error::ConfigError;
+use crate::error::SchedulerConfigError;
 
 /// Resolves a profile name to its index.
 pub(crate) fn resolve(
     profiles: &[String],
     name: &str,
     parameter: &'static str,
-) -> Result<usize, ConfigError> {
+) -> Result<usize, SchedulerConfigError> {
     profiles
         .iter()
         .position(|p| p == name)
-        .ok_or_else(|| ConfigError::InvalidParameter {
+        .ok_or_else(|| SchedulerConfigError::InvalidParameter {
             parameter,
             reason: format!(
                 "no profile named `{name}` (profiles: {})",

@@ -12,7 +12,36 @@ pub mod running_requests_scorer;
 pub mod session_affinity_scorer;
 pub mod token_load_scorer;
 
+use crate::cycle::CycleState;
+use crate::endpoint::EndpointState;
 use crate::framework::{ScoreOutcome, SkipReason};
+use crate::prom::EngineMetrics;
+
+/// Each candidate's value of one scraped engine metric; `None` where the metrics are stale or
+/// missing, or lack the value.
+pub(crate) fn fresh_metric(
+    cycle: &CycleState,
+    candidates: &[&EndpointState],
+    metric: impl Fn(&EngineMetrics) -> Option<f64>,
+) -> Vec<Option<f64>> {
+    let now = cycle.now();
+    candidates
+        .iter()
+        .map(|e| e.with_metrics(now, |m| m.fresh().and_then(&metric)))
+        .collect()
+}
+
+/// The values as scores; `None` (no usable signal) scores 0. When no candidate has a value
+/// the scorer is skipped with [`SkipReason::NoSignal`].
+pub(crate) fn as_scores(values: &[Option<f64>], out: &mut [f64]) -> ScoreOutcome {
+    if values.iter().all(Option::is_none) {
+        return ScoreOutcome::Skipped(SkipReason::NoSignal);
+    }
+    for (o, v) in out.iter_mut().zip(values) {
+        *o = v.unwrap_or(0.0);
+    }
+    ScoreOutcome::Scored
+}
 
 /// Min-max normalization where lower is better: the lowest value scores 1, the highest 0, all
 /// equal score 1. `None` (no usable signal) scores 0 and does not widen the range. When no
@@ -101,6 +130,35 @@ pub(crate) fn score_prefix(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::test_util::{Fresh, ep, facts, setup};
+
+    #[test]
+    fn fresh_metric_reads_only_fresh_values() {
+        let eps = [
+            ep("fresh:1").waiting(3.0),
+            ep("stale:1").waiting(3.0).fresh(Fresh::Stale),
+            ep("missing:1").waiting(3.0).fresh(Fresh::Missing),
+            ep("absent:1").running(3.0),
+        ];
+        let (built, cycle) = setup(&eps, facts());
+        let view: Vec<&EndpointState> = built.iter().map(|e| &**e).collect();
+        let got = fresh_metric(&cycle, &view, |m| m.waiting);
+        assert_eq!(got, vec![Some(3.0), None, None, None]);
+    }
+
+    #[test]
+    fn as_given() {
+        let mut out = vec![9.0; 2];
+        assert_eq!(
+            as_scores(&[Some(0.5), None], &mut out),
+            ScoreOutcome::Scored
+        );
+        assert_eq!(out, vec![0.5, 0.0]);
+        assert_eq!(
+            as_scores(&[None, None], &mut out),
+            ScoreOutcome::Skipped(SkipReason::NoSignal)
+        );
+    }
 
     #[test]
     fn min_max() {

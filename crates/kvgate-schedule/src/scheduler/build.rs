@@ -2,14 +2,16 @@
 //! profile handler. Every problem is collected with its YAML location before failing.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
+use rand::SeedableRng;
+use rand::rngs::StdRng;
 use serde_saphyr::Location;
 
 use super::{Profile, Scheduler, SchedulerHandles, WeightedScorer};
 use crate::config::{PluginRef, PluginSpec, ProfileSpec, SchedulerConfig, unlocated};
 use crate::decision::ScorerColumn;
-use crate::error::{ConfigError, ConfigIssue};
+use crate::error::{ConfigIssue, SchedulerConfigError};
 use crate::framework::{Filter, Picker};
 use crate::plugins::pickers::max_score_picker::MaxScorePicker;
 use crate::plugins::profile_handlers::single_profile_handler::SingleProfileHandler;
@@ -180,7 +182,8 @@ fn resolve_profile(
 pub(super) fn from_config(
     config: &SchedulerConfig,
     handles: &SchedulerHandles,
-) -> Result<Scheduler, ConfigError> {
+) -> Result<Scheduler, SchedulerConfigError> {
+    let seed = config.seed;
     let defaulted;
     let config = if config.is_empty() {
         defaulted = SchedulerConfig::default_profile(handles.precise);
@@ -279,10 +282,11 @@ pub(super) fn from_config(
             handler,
             handler_type,
             metrics: handles.metrics.clone(),
+            seeds: seed.map(|s| Mutex::new(StdRng::seed_from_u64(s))),
         }),
         _ => {
             issues.sort_by_key(|i| (i.line, i.column));
-            Err(ConfigError::Invalid(issues))
+            Err(SchedulerConfigError::Invalid(issues))
         }
     }
 }

@@ -16,11 +16,11 @@ fn handles(precise: bool) -> SchedulerHandles {
     }
 }
 
-fn build(yaml: &str) -> Result<Scheduler, ConfigError> {
+fn build(yaml: &str) -> Result<Scheduler, SchedulerConfigError> {
     Scheduler::from_config(&SchedulerConfig::from_yaml(yaml)?, &handles(true))
 }
 
-fn lines(e: &ConfigError) -> Vec<u32> {
+fn lines(e: &SchedulerConfigError) -> Vec<u32> {
     e.issues().iter().map(|i| i.line).collect()
 }
 
@@ -128,6 +128,38 @@ fn schedule(s: &Scheduler, eps: &[Ep], f: RequestFacts) -> Result<Decision, Sche
     let built: Vec<Arc<EndpointState>> = eps.iter().map(|e| e.build(now)).collect();
     let mut cycle = CycleState::new(f, now);
     s.schedule(&mut cycle, &built)
+}
+
+/// Picks of `n` requests with one request id, by a random picker over four endpoints.
+fn random_picks(s: &Scheduler, n: usize) -> Vec<String> {
+    let eps = [ep("a:1"), ep("b:1"), ep("c:1"), ep("d:1")];
+    let f = RequestFacts {
+        request_id: "reused".into(),
+        ..facts()
+    };
+    (0..n)
+        .map(|_| {
+            schedule(s, &eps, f.clone())
+                .unwrap()
+                .endpoint()
+                .name()
+                .to_owned()
+        })
+        .collect()
+}
+
+#[test]
+fn a_seed_makes_random_picks_reproducible() {
+    let yaml = |seed: &str| format!("plugins:\n  - type: random-picker\n{seed}");
+    let picks = |seed: &str| random_picks(&build(&yaml(seed)).unwrap(), 32);
+    assert_eq!(picks("seed: 7\n"), picks("seed: 7\n"), "same seed");
+    assert_ne!(picks("seed: 7\n"), picks("seed: 8\n"), "other seed");
+    assert_ne!(picks(""), picks(""), "no seed: OS entropy");
+    let unseeded = random_picks(&build(&yaml("")).unwrap(), 32);
+    assert!(
+        unseeded.iter().any(|p| *p != unseeded[0]),
+        "one request id, {unseeded:?}"
+    );
 }
 
 #[test]

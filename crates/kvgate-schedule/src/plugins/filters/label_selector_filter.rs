@@ -25,9 +25,9 @@ use serde::Deserialize;
 
 use crate::cycle::CycleState;
 use crate::endpoint::EndpointState;
-use crate::error::ConfigError;
+use crate::error::SchedulerConfigError;
 use crate::framework::Filter;
-use crate::plugins::{Built, Registration, params};
+use crate::plugins::{Registration, build};
 
 /// A selector operator.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -79,11 +79,13 @@ impl LabelSelectorFilter {
     /// Builds the filter.
     ///
     /// # Errors
-    /// [`ConfigError::InvalidParameter`] when an `in`/`not_in` expression has no values.
-    pub fn new(config: LabelSelectorFilterConfig) -> Result<LabelSelectorFilter, ConfigError> {
+    /// [`SchedulerConfigError::InvalidParameter`] when an `in`/`not_in` expression has no values.
+    pub fn new(
+        config: LabelSelectorFilterConfig,
+    ) -> Result<LabelSelectorFilter, SchedulerConfigError> {
         for e in &config.match_expressions {
             if matches!(e.operator, Operator::In | Operator::NotIn) && e.values.is_empty() {
-                return Err(ConfigError::InvalidParameter {
+                return Err(SchedulerConfigError::InvalidParameter {
                     parameter: "match_expressions",
                     reason: format!("expression on `{}` needs values", e.key),
                 });
@@ -121,11 +123,7 @@ pub(crate) const REGISTRATION: Registration = Registration {
     type_name: LabelSelectorFilter::TYPE,
     description: "keeps endpoints whose labels match a selector (match_labels, match_expressions)",
     example: "match_labels: { pool: a }\nmatch_expressions: [{ key: zone, operator: in, values: [z1, z2] }]\n",
-    build: |p, _| {
-        Ok(Built::Filter(std::sync::Arc::new(
-            LabelSelectorFilter::new(params(p)?)?,
-        )))
-    },
+    build: |p, _| build(p, LabelSelectorFilter::new),
 };
 
 #[cfg(test)]
@@ -206,6 +204,9 @@ mod tests {
             match_expressions: vec![expr("k", Operator::In, &[])],
             ..Default::default()
         };
-        assert!(LabelSelectorFilter::new(bad).is_err());
+        crate::test_util::assert_error_names(
+            LabelSelectorFilter::new(bad),
+            &["match_expressions", "`k`", "needs values"],
+        );
     }
 }

@@ -21,9 +21,9 @@ use serde::Deserialize;
 
 use crate::cycle::CycleState;
 use crate::endpoint::EndpointState;
-use crate::error::ConfigError;
+use crate::error::SchedulerConfigError;
 use crate::framework::Filter;
-use crate::plugins::{Built, Registration, params};
+use crate::plugins::{Registration, build};
 
 /// Parameters of `model-filter`.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
@@ -53,7 +53,7 @@ impl ModelFilter {
     ///
     /// # Errors
     /// Never; the signature matches every plugin's.
-    pub fn new(config: ModelFilterConfig) -> Result<ModelFilter, ConfigError> {
+    pub fn new(config: ModelFilterConfig) -> Result<ModelFilter, SchedulerConfigError> {
         Ok(ModelFilter {
             keep_unknown: config.keep_unknown,
         })
@@ -88,11 +88,7 @@ pub(crate) const REGISTRATION: Registration = Registration {
     type_name: ModelFilter::TYPE,
     description: "keeps endpoints that serve the request's model or LoRA adapter",
     example: "{ keep_unknown: false }",
-    build: |p, _| {
-        Ok(Built::Filter(std::sync::Arc::new(ModelFilter::new(
-            params(p)?,
-        )?)))
-    },
+    build: |p, _| build(p, ModelFilter::new),
 };
 
 #[cfg(test)]

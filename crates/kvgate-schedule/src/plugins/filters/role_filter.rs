@@ -19,9 +19,9 @@ use serde::Deserialize;
 
 use crate::cycle::CycleState;
 use crate::endpoint::EndpointState;
-use crate::error::ConfigError;
+use crate::error::SchedulerConfigError;
 use crate::framework::Filter;
-use crate::plugins::{Built, Registration, params};
+use crate::plugins::{Registration, build};
 
 /// The role a `role-filter` selects.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
@@ -56,7 +56,7 @@ impl RoleFilter {
     ///
     /// # Errors
     /// Never; the signature matches every plugin's.
-    pub fn new(config: RoleFilterConfig) -> Result<RoleFilter, ConfigError> {
+    pub fn new(config: RoleFilterConfig) -> Result<RoleFilter, SchedulerConfigError> {
         Ok(RoleFilter { role: config.role })
     }
 }
@@ -76,11 +76,7 @@ pub(crate) const REGISTRATION: Registration = Registration {
     type_name: RoleFilter::TYPE,
     description: "keeps endpoints that can prefill or decode, by the llm-d.ai/role label",
     example: "{ role: prefill }",
-    build: |p, _| {
-        Ok(Built::Filter(std::sync::Arc::new(RoleFilter::new(
-            params(p)?,
-        )?)))
-    },
+    build: |p, _| build(p, RoleFilter::new),
 };
 
 #[cfg(test)]

@@ -25,9 +25,9 @@ use serde::Deserialize;
 
 use crate::cycle::CycleState;
 use crate::endpoint::EndpointState;
-use crate::error::ConfigError;
+use crate::error::SchedulerConfigError;
 use crate::framework::Filter;
-use crate::plugins::{Built, Registration, params};
+use crate::plugins::{Registration, build};
 
 /// A load signal a condition reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -102,14 +102,14 @@ impl UtilizationFilter {
     /// Builds the filter.
     ///
     /// # Errors
-    /// [`ConfigError::InvalidParameter`] for a negative or NaN `max_value`.
-    pub fn new(config: UtilizationFilterConfig) -> Result<UtilizationFilter, ConfigError> {
+    /// [`SchedulerConfigError::InvalidParameter`] for a negative or NaN `max_value`.
+    pub fn new(config: UtilizationFilterConfig) -> Result<UtilizationFilter, SchedulerConfigError> {
         if let Some(c) = config
             .conditions
             .iter()
             .find(|c| c.max_value.is_nan() || c.max_value < 0.0)
         {
-            return Err(ConfigError::InvalidParameter {
+            return Err(SchedulerConfigError::InvalidParameter {
                 parameter: "conditions",
                 reason: format!("max_value {} of {:?} must be >= 0", c.max_value, c.metric),
             });
@@ -151,11 +151,7 @@ pub(crate) const REGISTRATION: Registration = Registration {
     type_name: UtilizationFilter::TYPE,
     description: "drops endpoints over load thresholds (queue, running, kv usage, in-flight)",
     example: "conditions: [{ metric: waiting_queue, max_value: 32 }, { metric: kv_cache_utilization, max_value: 0.9 }]\nfallback_on_empty: false\non_missing: drop\n",
-    build: |p, _| {
-        Ok(Built::Filter(std::sync::Arc::new(UtilizationFilter::new(
-            params(p)?,
-        )?)))
-    },
+    build: |p, _| build(p, UtilizationFilter::new),
 };
 
 #[cfg(test)]
@@ -251,6 +247,9 @@ mod tests {
             let f = UtilizationFilter::new(c).unwrap();
             assert_eq!(run_filter(&f, &eps, facts()), want, "{name}");
         }
-        assert!(UtilizationFilter::new(cfg(WaitingQueue, -1.0, true, Keep)).is_err());
+        crate::test_util::assert_error_names(
+            UtilizationFilter::new(cfg(WaitingQueue, -1.0, true, Keep)),
+            &["conditions", "max_value -1", "WaitingQueue"],
+        );
     }
 }

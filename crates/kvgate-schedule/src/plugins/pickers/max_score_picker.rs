@@ -16,9 +16,9 @@
 use serde::Deserialize;
 
 use crate::cycle::CycleState;
-use crate::error::ConfigError;
+use crate::error::SchedulerConfigError;
 use crate::framework::Picker;
-use crate::plugins::{Built, Registration, params};
+use crate::plugins::{Registration, build};
 
 /// Parameters of `max-score-picker` (none).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
@@ -37,7 +37,7 @@ impl MaxScorePicker {
     ///
     /// # Errors
     /// Never; the signature matches every plugin's.
-    pub fn new(_config: MaxScorePickerConfig) -> Result<MaxScorePicker, ConfigError> {
+    pub fn new(_config: MaxScorePickerConfig) -> Result<MaxScorePicker, SchedulerConfigError> {
         Ok(MaxScorePicker {})
     }
 }
@@ -77,11 +77,7 @@ pub(crate) const REGISTRATION: Registration = Registration {
     type_name: MaxScorePicker::TYPE,
     description: "picks the highest total score; ties by recorded tie-break keys, then at random",
     example: "{}",
-    build: |p, _| {
-        Ok(Built::Picker(std::sync::Arc::new(MaxScorePicker::new(
-            params(p)?,
-        )?)))
-    },
+    build: |p, _| build(p, MaxScorePicker::new),
 };
 
 #[cfg(test)]

@@ -11,9 +11,9 @@
 use serde::Deserialize;
 
 use crate::cycle::CycleState;
-use crate::error::ConfigError;
+use crate::error::SchedulerConfigError;
 use crate::framework::Picker;
-use crate::plugins::{Built, Registration, params};
+use crate::plugins::{Registration, build};
 
 /// Parameters of `random-picker` (none).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
@@ -32,7 +32,7 @@ impl RandomPicker {
     ///
     /// # Errors
     /// Never; the signature matches every plugin's.
-    pub fn new(_config: RandomPickerConfig) -> Result<RandomPicker, ConfigError> {
+    pub fn new(_config: RandomPickerConfig) -> Result<RandomPicker, SchedulerConfigError> {
         Ok(RandomPicker {})
     }
 }
@@ -42,7 +42,7 @@ impl Picker for RandomPicker {
         if totals.is_empty() {
             return None;
         }
-        Some((cycle.next_random() % totals.len() as u64) as usize)
+        Some(cycle.random_index(totals.len()))
     }
 }
 
@@ -50,11 +50,7 @@ pub(crate) const REGISTRATION: Registration = Registration {
     type_name: RandomPicker::TYPE,
     description: "picks uniformly at random, ignoring scores",
     example: "{}",
-    build: |p, _| {
-        Ok(Built::Picker(std::sync::Arc::new(RandomPicker::new(
-            params(p)?,
-        )?)))
-    },
+    build: |p, _| build(p, RandomPicker::new),
 };
 
 #[cfg(test)]

@@ -15,9 +15,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use serde::Deserialize;
 
 use crate::cycle::CycleState;
-use crate::error::ConfigError;
+use crate::error::SchedulerConfigError;
 use crate::framework::Picker;
-use crate::plugins::{Built, Registration, params};
+use crate::plugins::{Registration, build};
 
 /// Parameters of `round-robin-picker` (none).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
@@ -38,7 +38,7 @@ impl RoundRobinPicker {
     ///
     /// # Errors
     /// Never; the signature matches every plugin's.
-    pub fn new(_config: RoundRobinPickerConfig) -> Result<RoundRobinPicker, ConfigError> {
+    pub fn new(_config: RoundRobinPickerConfig) -> Result<RoundRobinPicker, SchedulerConfigError> {
         Ok(RoundRobinPicker::default())
     }
 }
@@ -56,11 +56,7 @@ pub(crate) const REGISTRATION: Registration = Registration {
     type_name: RoundRobinPicker::TYPE,
     description: "picks candidates in turn, ignoring scores",
     example: "{}",
-    build: |p, _| {
-        Ok(Built::Picker(std::sync::Arc::new(RoundRobinPicker::new(
-            params(p)?,
-        )?)))
-    },
+    build: |p, _| build(p, RoundRobinPicker::new),
 };
 
 #[cfg(test)]

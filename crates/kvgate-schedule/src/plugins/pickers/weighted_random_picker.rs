@@ -13,9 +13,9 @@
 use serde::Deserialize;
 
 use crate::cycle::CycleState;
-use crate::error::ConfigError;
+use crate::error::SchedulerConfigError;
 use crate::framework::Picker;
-use crate::plugins::{Built, Registration, params};
+use crate::plugins::{Registration, build};
 
 /// Parameters of `weighted-random-picker` (none).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
@@ -34,7 +34,9 @@ impl WeightedRandomPicker {
     ///
     /// # Errors
     /// Never; the signature matches every plugin's.
-    pub fn new(_config: WeightedRandomPickerConfig) -> Result<WeightedRandomPicker, ConfigError> {
+    pub fn new(
+        _config: WeightedRandomPickerConfig,
+    ) -> Result<WeightedRandomPicker, SchedulerConfigError> {
         Ok(WeightedRandomPicker {})
     }
 }
@@ -55,7 +57,7 @@ impl Picker for WeightedRandomPicker {
         }
         match best {
             Some((i, _)) => Some(i),
-            None => Some((cycle.next_random() % totals.len() as u64) as usize),
+            None => Some(cycle.random_index(totals.len())),
         }
     }
 }
@@ -64,11 +66,7 @@ pub(crate) const REGISTRATION: Registration = Registration {
     type_name: WeightedRandomPicker::TYPE,
     description: "picks at random in proportion to the total score",
     example: "{}",
-    build: |p, _| {
-        Ok(Built::Picker(std::sync::Arc::new(
-            WeightedRandomPicker::new(params(p)?)?,
-        )))
-    },
+    build: |p, _| build(p, WeightedRandomPicker::new),
 };
 
 #[cfg(test)]

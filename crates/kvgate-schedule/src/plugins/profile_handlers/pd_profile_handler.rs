@@ -31,9 +31,9 @@ use serde::Deserialize;
 
 use super::resolve;
 use crate::cycle::CycleState;
-use crate::error::ConfigError;
+use crate::error::SchedulerConfigError;
 use crate::framework::{HandlerResult, ProfileHandler, ProfileRunSummary};
-use crate::plugins::{Built, Registration, params};
+use crate::plugins::{Registration, build};
 
 /// The request header naming the prefill endpoint for the P/D sidecar.
 pub const PREFILLER_HEADER: &str = "x-prefiller-host-port";
@@ -79,15 +79,16 @@ impl PdProfileHandler {
     /// Builds the handler over the configured profile names.
     ///
     /// # Errors
-    /// [`ConfigError::InvalidParameter`] when a profile name is unknown or both are the same.
+    /// [`SchedulerConfigError::InvalidParameter`] when a profile name is unknown or both are
+    /// the same.
     pub fn new(
         config: PdProfileHandlerConfig,
         profiles: &[String],
-    ) -> Result<PdProfileHandler, ConfigError> {
+    ) -> Result<PdProfileHandler, SchedulerConfigError> {
         let decode = resolve(profiles, &config.decode_profile, "decode_profile")?;
         let prefill = resolve(profiles, &config.prefill_profile, "prefill_profile")?;
         if decode == prefill {
-            return Err(ConfigError::InvalidParameter {
+            return Err(SchedulerConfigError::InvalidParameter {
                 parameter: "prefill_profile",
                 reason: "must differ from decode_profile".into(),
             });
@@ -148,11 +149,7 @@ pub(crate) const REGISTRATION: Registration = Registration {
     type_name: PdProfileHandler::TYPE,
     description: "prefill/decode disaggregation: decode first, remote prefill for long uncached suffixes",
     example: "{ decode_profile: decode, prefill_profile: prefill, non_cached_tokens: 256 }",
-    build: |p, h| {
-        Ok(Built::ProfileHandler(std::sync::Arc::new(
-            PdProfileHandler::new(params(p)?, h.profiles)?,
-        )))
-    },
+    build: |p, h| build(p, |c| PdProfileHandler::new(c, h.profiles)),
 };
 
 #[cfg(test)]
@@ -250,15 +247,13 @@ mod tests {
             None,
             "0 disables"
         );
-        assert!(
-            PdProfileHandler::new(
-                PdProfileHandlerConfig {
-                    prefill_profile: "decode".into(),
-                    ..Default::default()
-                },
-                &names
-            )
-            .is_err()
+        let same = PdProfileHandlerConfig {
+            prefill_profile: "decode".into(),
+            ..Default::default()
+        };
+        crate::test_util::assert_error_names(
+            PdProfileHandler::new(same, &names),
+            &["prefill_profile", "decode_profile"],
         );
     }
 }

@@ -17,9 +17,9 @@ use serde::Deserialize;
 
 use super::resolve;
 use crate::cycle::CycleState;
-use crate::error::ConfigError;
+use crate::error::SchedulerConfigError;
 use crate::framework::{HandlerResult, ProfileHandler, ProfileRunSummary};
-use crate::plugins::{Built, Registration, params};
+use crate::plugins::{Registration, build};
 
 /// Parameters of `single-profile-handler`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
@@ -42,15 +42,15 @@ impl SingleProfileHandler {
     /// Builds the handler over the configured profile names.
     ///
     /// # Errors
-    /// [`ConfigError::InvalidParameter`] when `profile` names no profile or there is none.
+    /// [`SchedulerConfigError::InvalidParameter`] when `profile` names no profile or there is none.
     pub fn new(
         config: SingleProfileHandlerConfig,
         profiles: &[String],
-    ) -> Result<SingleProfileHandler, ConfigError> {
+    ) -> Result<SingleProfileHandler, SchedulerConfigError> {
         let profile = match &config.profile {
             Some(name) => resolve(profiles, name, "profile")?,
             None if profiles.is_empty() => {
-                return Err(ConfigError::InvalidParameter {
+                return Err(SchedulerConfigError::InvalidParameter {
                     parameter: "profile",
                     reason: "no profiles are configured".into(),
                 });
@@ -79,11 +79,7 @@ pub(crate) const REGISTRATION: Registration = Registration {
     type_name: SingleProfileHandler::TYPE,
     description: "runs one profile; its pick receives the request",
     example: "{ profile: default }",
-    build: |p, h| {
-        Ok(Built::ProfileHandler(std::sync::Arc::new(
-            SingleProfileHandler::new(params(p)?, h.profiles)?,
-        )))
-    },
+    build: |p, h| build(p, |c| SingleProfileHandler::new(c, h.profiles)),
 };
 
 #[cfg(test)]
@@ -114,15 +110,16 @@ mod tests {
         assert_eq!(h.next_profile(&c, &[run(true)]), None);
         assert_eq!(h.finish(&c, &[run(true)]).map(|r| r.primary), Some(0));
         assert_eq!(h.finish(&c, &[run(false)]), None);
-        assert!(
-            SingleProfileHandler::new(
-                SingleProfileHandlerConfig {
-                    profile: Some("zz".into())
-                },
-                &names
-            )
-            .is_err()
+        let unknown = SingleProfileHandlerConfig {
+            profile: Some("zz".into()),
+        };
+        crate::test_util::assert_error_names(
+            SingleProfileHandler::new(unknown, &names),
+            &["profile", "zz"],
         );
-        assert!(SingleProfileHandler::new(SingleProfileHandlerConfig::default(), &[]).is_err());
+        crate::test_util::assert_error_names(
+            SingleProfileHandler::new(SingleProfileHandlerConfig::default(), &[]),
+            &["profile", "no profiles"],
+        );
     }
 }

@@ -19,11 +19,12 @@
 
 use serde::Deserialize;
 
+use super::lower_is_better;
 use crate::cycle::CycleState;
 use crate::endpoint::EndpointState;
-use crate::error::ConfigError;
+use crate::error::SchedulerConfigError;
 use crate::framework::{ScoreOutcome, Scorer};
-use crate::plugins::{Built, Registration, params};
+use crate::plugins::{Registration, build};
 
 /// Parameters of `active-request-scorer`.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -58,10 +59,12 @@ impl ActiveRequestScorer {
     /// Builds the scorer.
     ///
     /// # Errors
-    /// [`ConfigError::InvalidParameter`] when `max_busy_score` is outside [0, 1].
-    pub fn new(config: ActiveRequestScorerConfig) -> Result<ActiveRequestScorer, ConfigError> {
+    /// [`SchedulerConfigError::InvalidParameter`] when `max_busy_score` is outside [0, 1].
+    pub fn new(
+        config: ActiveRequestScorerConfig,
+    ) -> Result<ActiveRequestScorer, SchedulerConfigError> {
         if !(0.0..=1.0).contains(&config.max_busy_score) {
-            return Err(ConfigError::InvalidParameter {
+            return Err(SchedulerConfigError::InvalidParameter {
                 parameter: "max_busy_score",
                 reason: format!("{} is not in [0, 1]", config.max_busy_score),
             });
@@ -76,25 +79,22 @@ impl ActiveRequestScorer {
 impl Scorer for ActiveRequestScorer {
     fn score(
         &self,
-        _cycle: &mut CycleState,
+        _: &mut CycleState,
         candidates: &[&EndpointState],
         scores: &mut [f64],
     ) -> ScoreOutcome {
-        let busy = candidates
+        let busy: Vec<Option<f64>> = candidates
             .iter()
-            .map(|e| e.in_flight_requests())
-            .filter(|n| *n > self.idle_threshold);
-        let (lo, hi) = busy.fold((u64::MAX, 0), |(lo, hi), n| (lo.min(n), hi.max(n)));
-        for (s, e) in scores.iter_mut().zip(candidates) {
-            let n = e.in_flight_requests();
-            *s = if n <= self.idle_threshold {
-                1.0
-            } else if hi == lo {
-                self.max_busy_score
-            } else {
-                self.max_busy_score * (hi - n) as f64 / (hi - lo) as f64
-            };
-        }
+            .map(|e| Some(e.in_flight_requests()).filter(|n| *n > self.idle_threshold))
+            .map(|n| n.map(|n| n as f64))
+            .collect();
+        // Busy endpoints normalized among themselves (idle ones score 0 there, and when every
+        // endpoint is idle there is nothing to normalize).
+        let _ = lower_is_better(&busy, scores);
+        let scale = |(s, n): (&mut f64, &Option<f64>)| {
+            *s = n.map_or(1.0, |_| *s * self.max_busy_score);
+        };
+        scores.iter_mut().zip(&busy).for_each(scale);
         ScoreOutcome::Scored
     }
 }
@@ -103,17 +103,13 @@ pub(crate) const REGISTRATION: Registration = Registration {
     type_name: ActiveRequestScorer::TYPE,
     description: "prefers endpoints with fewer requests in flight through this router",
     example: "{ idle_threshold: 0, max_busy_score: 0.9 }",
-    build: |p, _| {
-        Ok(Built::Scorer(std::sync::Arc::new(
-            ActiveRequestScorer::new(params(p)?)?,
-        )))
-    },
+    build: |p, _| build(p, ActiveRequestScorer::new),
 };
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::test_util::{Fresh, ep, facts, run_scorer};
+    use crate::test_util::{Fresh, assert_error_names, ep, facts, run_scorer};
 
     #[test]
     fn table() {
@@ -156,12 +152,10 @@ mod tests {
         for (name, s, eps, want) in cases {
             assert_eq!(run_scorer(s, &eps, facts()), Ok(want), "{name}");
         }
-        assert!(
-            ActiveRequestScorer::new(ActiveRequestScorerConfig {
-                idle_threshold: 0,
-                max_busy_score: 2.0
-            })
-            .is_err()
-        );
+        let bad = ActiveRequestScorer::new(ActiveRequestScorerConfig {
+            idle_threshold: 0,
+            max_busy_score: 2.0,
+        });
+        assert_error_names(bad, &["max_busy_score", "2"]);
     }
 }

@@ -26,9 +26,9 @@ use kvgate_kvcache::KvIndex;
 use super::score_prefix;
 use crate::cycle::{CycleState, PrefixSource};
 use crate::endpoint::EndpointState;
-use crate::error::ConfigError;
+use crate::error::SchedulerConfigError;
 use crate::framework::{ScoreOutcome, Scorer};
-use crate::plugins::{Built, Registration, params};
+use crate::plugins::{Registration, build};
 
 /// Parameters of `approx-prefix-cache-scorer` (none).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
@@ -56,7 +56,7 @@ impl ApproxPrefixCacheScorer {
     pub fn new(
         _config: ApproxPrefixCacheScorerConfig,
         index: &KvIndex,
-    ) -> Result<ApproxPrefixCacheScorer, ConfigError> {
+    ) -> Result<ApproxPrefixCacheScorer, SchedulerConfigError> {
         Ok(ApproxPrefixCacheScorer {
             index: index.clone(),
         })
@@ -99,11 +99,7 @@ pub(crate) const REGISTRATION: Registration = Registration {
     type_name: ApproxPrefixCacheScorer::TYPE,
     description: "prefers endpoints recently routed the same prompt prefix (no KV events needed)",
     example: "{}",
-    build: |p, h| {
-        Ok(Built::Scorer(std::sync::Arc::new(
-            ApproxPrefixCacheScorer::new(params(p)?, h.kv_index)?,
-        )))
-    },
+    build: |p, h| build(p, |c| ApproxPrefixCacheScorer::new(c, h.kv_index)),
 };
 
 #[cfg(test)]

@@ -14,11 +14,13 @@
 
 use serde::Deserialize;
 
+use super::{as_scores, fresh_metric};
 use crate::cycle::CycleState;
 use crate::endpoint::EndpointState;
-use crate::error::ConfigError;
-use crate::framework::{ScoreOutcome, Scorer, SkipReason};
-use crate::plugins::{Built, Registration, params};
+use crate::error::SchedulerConfigError;
+use crate::framework::{ScoreOutcome, Scorer};
+use crate::plugins::{Registration, build};
+use crate::prom::EngineMetrics;
 
 /// Parameters of `kv-cache-utilization-scorer` (none).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
@@ -39,7 +41,7 @@ impl KvCacheUtilizationScorer {
     /// Never; the signature matches every plugin's.
     pub fn new(
         _config: KvCacheUtilizationScorerConfig,
-    ) -> Result<KvCacheUtilizationScorer, ConfigError> {
+    ) -> Result<KvCacheUtilizationScorer, SchedulerConfigError> {
         Ok(KvCacheUtilizationScorer {})
     }
 }
@@ -51,19 +53,8 @@ impl Scorer for KvCacheUtilizationScorer {
         candidates: &[&EndpointState],
         scores: &mut [f64],
     ) -> ScoreOutcome {
-        let now = cycle.now();
-        let mut any = false;
-        for (s, e) in scores.iter_mut().zip(candidates) {
-            if let Some(u) = e.with_metrics(now, |m| m.fresh().and_then(|m| m.kv_usage)) {
-                *s = 1.0 - u.clamp(0.0, 1.0);
-                any = true;
-            }
-        }
-        if any {
-            ScoreOutcome::Scored
-        } else {
-            ScoreOutcome::Skipped(SkipReason::NoSignal)
-        }
+        let free = |m: &EngineMetrics| m.kv_usage.map(|u| 1.0 - u.clamp(0.0, 1.0));
+        as_scores(&fresh_metric(cycle, candidates, free), scores)
     }
 }
 
@@ -71,16 +62,13 @@ pub(crate) const REGISTRATION: Registration = Registration {
     type_name: KvCacheUtilizationScorer::TYPE,
     description: "prefers endpoints with free KV-cache memory (1 - usage)",
     example: "{}",
-    build: |p, _| {
-        Ok(Built::Scorer(std::sync::Arc::new(
-            KvCacheUtilizationScorer::new(params(p)?)?,
-        )))
-    },
+    build: |p, _| build(p, KvCacheUtilizationScorer::new),
 };
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::framework::SkipReason;
     use crate::test_util::{Fresh, ep, facts, run_scorer};
 
     #[test]
@@ -88,7 +76,7 @@ mod tests {
         let s = KvCacheUtilizationScorer::new(KvCacheUtilizationScorerConfig::default()).unwrap();
         let cases = vec![
             (
-                "usage",
+                "free fraction",
                 vec![ep("a:1").kv(0.25), ep("b:1").kv(1.0)],
                 Ok(vec![0.75, 0.0]),
             ),
@@ -98,18 +86,8 @@ mod tests {
                 Ok(vec![0.0]),
             ),
             (
-                "stale one",
-                vec![ep("a:1").kv(0.0).fresh(Fresh::Stale), ep("b:1").kv(0.5)],
-                Ok(vec![0.0, 0.5]),
-            ),
-            (
-                "gauge absent",
-                vec![ep("a:1"), ep("b:1").kv(0.5)],
-                Ok(vec![0.0, 0.5]),
-            ),
-            (
-                "none",
-                vec![ep("a:1").fresh(Fresh::Missing)],
+                "no signal anywhere",
+                vec![ep("a:1").kv(0.0).fresh(Fresh::Stale)],
                 Err(SkipReason::NoSignal),
             ),
         ];

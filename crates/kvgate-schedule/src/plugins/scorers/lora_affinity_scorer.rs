@@ -21,9 +21,9 @@ use serde::Deserialize;
 
 use crate::cycle::CycleState;
 use crate::endpoint::EndpointState;
-use crate::error::ConfigError;
+use crate::error::SchedulerConfigError;
 use crate::framework::{ScoreOutcome, Scorer, SkipReason};
-use crate::plugins::{Built, Registration, params};
+use crate::plugins::{Registration, build};
 
 /// Parameters of `lora-affinity-scorer`.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -60,15 +60,17 @@ impl LoraAffinityScorer {
     /// Builds the scorer.
     ///
     /// # Errors
-    /// [`ConfigError::InvalidParameter`] when a score is outside [0, 1].
-    pub fn new(config: LoraAffinityScorerConfig) -> Result<LoraAffinityScorer, ConfigError> {
+    /// [`SchedulerConfigError::InvalidParameter`] when a score is outside [0, 1].
+    pub fn new(
+        config: LoraAffinityScorerConfig,
+    ) -> Result<LoraAffinityScorer, SchedulerConfigError> {
         for (parameter, v) in [
             ("active", config.active),
             ("free_slot", config.free_slot),
             ("waiting", config.waiting),
         ] {
             if !(0.0..=1.0).contains(&v) {
-                return Err(ConfigError::InvalidParameter {
+                return Err(SchedulerConfigError::InvalidParameter {
                     parameter,
                     reason: format!("{v} is not in [0, 1]"),
                 });
@@ -113,17 +115,13 @@ pub(crate) const REGISTRATION: Registration = Registration {
     type_name: LoraAffinityScorer::TYPE,
     description: "prefers endpoints with the request's LoRA adapter loaded, then free adapter slots",
     example: "{ active: 1.0, free_slot: 0.8, waiting: 0.6 }",
-    build: |p, _| {
-        Ok(Built::Scorer(std::sync::Arc::new(LoraAffinityScorer::new(
-            params(p)?,
-        )?)))
-    },
+    build: |p, _| build(p, LoraAffinityScorer::new),
 };
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::test_util::{Fresh, ep, facts, run_scorer};
+    use crate::test_util::{Fresh, assert_error_names, ep, facts, run_scorer};
 
     #[test]
     fn table() {
@@ -171,12 +169,10 @@ mod tests {
         for (name, e, facts, want) in cases {
             assert_eq!(run_scorer(&s, &[e], facts), want, "{name}");
         }
-        assert!(
-            LoraAffinityScorer::new(LoraAffinityScorerConfig {
-                waiting: -1.0,
-                ..Default::default()
-            })
-            .is_err()
-        );
+        let bad = LoraAffinityScorer::new(LoraAffinityScorerConfig {
+            waiting: -1.0,
+            ..Default::default()
+        });
+        assert_error_names(bad, &["waiting", "-1"]);
     }
 }

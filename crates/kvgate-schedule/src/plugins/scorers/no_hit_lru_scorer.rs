@@ -28,9 +28,9 @@ use serde::Deserialize;
 
 use crate::cycle::CycleState;
 use crate::endpoint::EndpointState;
-use crate::error::ConfigError;
+use crate::error::SchedulerConfigError;
 use crate::framework::{ScoreOutcome, Scorer};
-use crate::plugins::{Built, Registration, params};
+use crate::plugins::{Registration, build};
 
 /// Parameters of `no-hit-lru-scorer`.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
@@ -65,10 +65,10 @@ impl NoHitLruScorer {
     /// Builds the scorer.
     ///
     /// # Errors
-    /// [`ConfigError::InvalidParameter`] when `lru_size` is 0.
-    pub fn new(config: NoHitLruScorerConfig) -> Result<NoHitLruScorer, ConfigError> {
+    /// [`SchedulerConfigError::InvalidParameter`] when `lru_size` is 0.
+    pub fn new(config: NoHitLruScorerConfig) -> Result<NoHitLruScorer, SchedulerConfigError> {
         if config.lru_size == 0 {
-            return Err(ConfigError::InvalidParameter {
+            return Err(SchedulerConfigError::InvalidParameter {
                 parameter: "lru_size",
                 reason: "must be greater than 0".into(),
             });
@@ -138,11 +138,7 @@ pub(crate) const REGISTRATION: Registration = Registration {
     type_name: NoHitLruScorer::TYPE,
     description: "spreads requests without any prefix hit over the least recently used endpoints",
     example: "{ lru_size: 2048 }",
-    build: |p, _| {
-        Ok(Built::Scorer(std::sync::Arc::new(NoHitLruScorer::new(
-            params(p)?,
-        )?)))
-    },
+    build: |p, _| build(p, NoHitLruScorer::new),
 };
 
 #[cfg(test)]
@@ -199,6 +195,7 @@ mod tests {
         for (name, hit, pick, want) in rows {
             assert_eq!(run(&s, hit, pick), want, "{name}");
         }
-        assert!(NoHitLruScorer::new(NoHitLruScorerConfig { lru_size: 0 }).is_err());
+        let bad = NoHitLruScorer::new(NoHitLruScorerConfig { lru_size: 0 });
+        crate::test_util::assert_error_names(bad, &["lru_size", "greater than 0"]);
     }
 }

@@ -16,7 +16,7 @@
 //! - `match_length_scale_tokens` (default 8192, > 0): matched tokens that count as a full match.
 //! - `speculative` (default true): insert speculative entries after the pick.
 //!
-//! Signals: engine-exact prompt token ids ([`crate::PromptTokens::exact`]) and the KV index.
+//! Signals: engine-exact prompt token ids ([`crate::TokenizedPrompt::exact`]) and the KV index.
 //! Requests without tokens skip the scorer (`no_tokens`), with estimated tokens
 //! (`tokens_not_exact`), with less than one block (`no_full_block`). Candidates without a KV
 //! event stream score 0; when no candidate has one the scorer is skipped (`no_signal`). Block
@@ -36,9 +36,9 @@ use kvgate_kvcache::KvIndex;
 use super::score_prefix;
 use crate::cycle::{CycleState, PrefixSource};
 use crate::endpoint::EndpointState;
-use crate::error::ConfigError;
+use crate::error::SchedulerConfigError;
 use crate::framework::{ScoreOutcome, Scorer, SkipReason};
-use crate::plugins::{Built, Registration, params};
+use crate::plugins::{Registration, build};
 
 /// Parameters of `precise-prefix-cache-scorer`.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -78,19 +78,19 @@ impl PrecisePrefixCacheScorer {
     /// Builds the scorer over the shared index.
     ///
     /// # Errors
-    /// [`ConfigError::InvalidParameter`] for a weight outside [0, 1] or a zero scale.
+    /// [`SchedulerConfigError::InvalidParameter`] for a weight outside [0, 1] or a zero scale.
     pub fn new(
         config: PrecisePrefixCacheScorerConfig,
         index: &KvIndex,
-    ) -> Result<PrecisePrefixCacheScorer, ConfigError> {
+    ) -> Result<PrecisePrefixCacheScorer, SchedulerConfigError> {
         if !(0.0..=1.0).contains(&config.match_length_weight) {
-            return Err(ConfigError::InvalidParameter {
+            return Err(SchedulerConfigError::InvalidParameter {
                 parameter: "match_length_weight",
                 reason: format!("{} is not in [0, 1]", config.match_length_weight),
             });
         }
         if config.match_length_scale_tokens == 0 {
-            return Err(ConfigError::InvalidParameter {
+            return Err(SchedulerConfigError::InvalidParameter {
                 parameter: "match_length_scale_tokens",
                 reason: "must be greater than 0".into(),
             });
@@ -165,11 +165,7 @@ pub(crate) const REGISTRATION: Registration = Registration {
     type_name: PrecisePrefixCacheScorer::TYPE,
     description: "prefers endpoints holding the longest prompt prefix, from engine KV events",
     example: "{ match_length_weight: 0.2, match_length_scale_tokens: 4096, speculative: true }",
-    build: |p, h| {
-        Ok(Built::Scorer(std::sync::Arc::new(
-            PrecisePrefixCacheScorer::new(params(p)?, h.kv_index)?,
-        )))
-    },
+    build: |p, h| build(p, |c| PrecisePrefixCacheScorer::new(c, h.kv_index)),
 };
 
 #[cfg(test)]

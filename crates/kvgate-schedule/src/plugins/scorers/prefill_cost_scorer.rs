@@ -73,10 +73,10 @@ use serde::Deserialize;
 
 use crate::cycle::{CycleState, TieKey};
 use crate::endpoint::EndpointState;
-use crate::error::ConfigError;
+use crate::error::SchedulerConfigError;
 use crate::framework::{ScoreOutcome, Scorer};
 use crate::load::LoadSnapshot;
-use crate::plugins::{Built, Registration, params};
+use crate::plugins::{Registration, build};
 
 /// Parameters of `prefill-cost-scorer`.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -147,15 +147,15 @@ impl PrefillCostScorer {
     /// Builds the scorer.
     ///
     /// # Errors
-    /// [`ConfigError::InvalidParameter`] for a negative or non-finite weight.
-    pub fn new(config: PrefillCostScorerConfig) -> Result<PrefillCostScorer, ConfigError> {
+    /// [`SchedulerConfigError::InvalidParameter`] for a negative or non-finite weight.
+    pub fn new(config: PrefillCostScorerConfig) -> Result<PrefillCostScorer, SchedulerConfigError> {
         for (parameter, v) in [
             ("new_kv_weight", config.new_kv_weight),
             ("active_kv_weight", config.active_kv_weight),
             ("kv_overflow_weight", config.kv_overflow_weight),
         ] {
             if !v.is_finite() || v < 0.0 {
-                return Err(ConfigError::InvalidParameter {
+                return Err(SchedulerConfigError::InvalidParameter {
                     parameter,
                     reason: format!("{v} is not a finite number >= 0"),
                 });
@@ -253,11 +253,7 @@ pub(crate) const REGISTRATION: Registration = Registration {
     type_name: PrefillCostScorer::TYPE,
     description: "prefers the endpoint where the request costs least in tokens: queued + uncached prefill + its KV + KV beyond capacity",
     example: "{ new_kv_weight: 1.0, active_kv_weight: 0.0, kv_overflow_weight: 1.0, in_flight_multiplier: false, scraped_queue: true }",
-    build: |p, _| {
-        Ok(Built::Scorer(std::sync::Arc::new(PrefillCostScorer::new(
-            params(p)?,
-        )?)))
-    },
+    build: |p, _| build(p, PrefillCostScorer::new),
 };
 
 #[cfg(test)]

@@ -16,12 +16,12 @@
 
 use serde::Deserialize;
 
-use super::lower_is_better;
+use super::{fresh_metric, lower_is_better};
 use crate::cycle::CycleState;
 use crate::endpoint::EndpointState;
-use crate::error::ConfigError;
+use crate::error::SchedulerConfigError;
 use crate::framework::{ScoreOutcome, Scorer};
-use crate::plugins::{Built, Registration, params};
+use crate::plugins::{Registration, build};
 
 /// Parameters of `queue-scorer` (none).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
@@ -40,7 +40,7 @@ impl QueueScorer {
     ///
     /// # Errors
     /// Never; the signature matches every plugin's.
-    pub fn new(_config: QueueScorerConfig) -> Result<QueueScorer, ConfigError> {
+    pub fn new(_config: QueueScorerConfig) -> Result<QueueScorer, SchedulerConfigError> {
         Ok(QueueScorer {})
     }
 }
@@ -52,12 +52,7 @@ impl Scorer for QueueScorer {
         candidates: &[&EndpointState],
         scores: &mut [f64],
     ) -> ScoreOutcome {
-        let now = cycle.now();
-        let values: Vec<Option<f64>> = candidates
-            .iter()
-            .map(|e| e.with_metrics(now, |m| m.fresh().and_then(|m| m.waiting)))
-            .collect();
-        lower_is_better(&values, scores)
+        lower_is_better(&fresh_metric(cycle, candidates, |m| m.waiting), scores)
     }
 }
 
@@ -65,66 +60,24 @@ pub(crate) const REGISTRATION: Registration = Registration {
     type_name: QueueScorer::TYPE,
     description: "prefers endpoints with short engine wait queues (min-max normalized)",
     example: "{}",
-    build: |p, _| {
-        Ok(Built::Scorer(std::sync::Arc::new(QueueScorer::new(
-            params(p)?,
-        )?)))
-    },
+    build: |p, _| build(p, QueueScorer::new),
 };
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::framework::SkipReason;
-    use crate::test_util::{Fresh, ep, facts, run_scorer};
+    use crate::test_util::{ep, facts, run_scorer};
 
+    /// Freshness and normalization are the shared helpers' (tested in `scorers`); this scorer
+    /// chooses the signal.
     #[test]
-    fn table() {
+    fn reads_the_waiting_queue_only() {
         let s = QueueScorer::new(QueueScorerConfig::default()).unwrap();
-        let cases = vec![
-            (
-                "spread",
-                vec![
-                    ep("a:1").waiting(0.0),
-                    ep("b:1").waiting(4.0),
-                    ep("c:1").waiting(2.0),
-                ],
-                Ok(vec![1.0, 0.0, 0.5]),
-            ),
-            (
-                "equal",
-                vec![ep("a:1").waiting(3.0), ep("b:1").waiting(3.0)],
-                Ok(vec![1.0, 1.0]),
-            ),
-            (
-                "stale one",
-                vec![
-                    ep("a:1").waiting(0.0).fresh(Fresh::Stale),
-                    ep("b:1").waiting(4.0),
-                ],
-                Ok(vec![0.0, 1.0]),
-            ),
-            (
-                "missing one",
-                vec![
-                    ep("a:1").waiting(0.0).fresh(Fresh::Missing),
-                    ep("b:1").waiting(4.0),
-                ],
-                Ok(vec![0.0, 1.0]),
-            ),
-            (
-                "gauge absent",
-                vec![ep("a:1"), ep("b:1").waiting(4.0)],
-                Ok(vec![0.0, 1.0]),
-            ),
-            (
-                "all stale",
-                vec![ep("a:1").waiting(1.0).fresh(Fresh::Stale)],
-                Err(SkipReason::NoSignal),
-            ),
+        let eps = [
+            ep("a:1").waiting(0.0).running(9.0),
+            ep("b:1").waiting(4.0),
+            ep("c:1").waiting(2.0).running(0.0),
         ];
-        for (name, eps, want) in cases {
-            assert_eq!(run_scorer(&s, &eps, facts()), want, "{name}");
-        }
+        assert_eq!(run_scorer(&s, &eps, facts()), Ok(vec![1.0, 0.0, 0.5]));
     }
 }

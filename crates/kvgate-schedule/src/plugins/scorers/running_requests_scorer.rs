@@ -15,12 +15,12 @@
 
 use serde::Deserialize;
 
-use super::lower_is_better;
+use super::{fresh_metric, lower_is_better};
 use crate::cycle::CycleState;
 use crate::endpoint::EndpointState;
-use crate::error::ConfigError;
+use crate::error::SchedulerConfigError;
 use crate::framework::{ScoreOutcome, Scorer};
-use crate::plugins::{Built, Registration, params};
+use crate::plugins::{Registration, build};
 
 /// Parameters of `running-requests-scorer` (none).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
@@ -39,7 +39,9 @@ impl RunningRequestsScorer {
     ///
     /// # Errors
     /// Never; the signature matches every plugin's.
-    pub fn new(_config: RunningRequestsScorerConfig) -> Result<RunningRequestsScorer, ConfigError> {
+    pub fn new(
+        _config: RunningRequestsScorerConfig,
+    ) -> Result<RunningRequestsScorer, SchedulerConfigError> {
         Ok(RunningRequestsScorer {})
     }
 }
@@ -51,12 +53,7 @@ impl Scorer for RunningRequestsScorer {
         candidates: &[&EndpointState],
         scores: &mut [f64],
     ) -> ScoreOutcome {
-        let now = cycle.now();
-        let values: Vec<Option<f64>> = candidates
-            .iter()
-            .map(|e| e.with_metrics(now, |m| m.fresh().and_then(|m| m.running)))
-            .collect();
-        lower_is_better(&values, scores)
+        lower_is_better(&fresh_metric(cycle, candidates, |m| m.running), scores)
     }
 }
 
@@ -64,54 +61,19 @@ pub(crate) const REGISTRATION: Registration = Registration {
     type_name: RunningRequestsScorer::TYPE,
     description: "prefers endpoints running fewer requests (min-max normalized)",
     example: "{}",
-    build: |p, _| {
-        Ok(Built::Scorer(std::sync::Arc::new(
-            RunningRequestsScorer::new(params(p)?)?,
-        )))
-    },
+    build: |p, _| build(p, RunningRequestsScorer::new),
 };
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::framework::SkipReason;
-    use crate::test_util::{Fresh, ep, facts, run_scorer};
+    use crate::test_util::{ep, facts, run_scorer};
 
     #[test]
-    fn table() {
+    fn reads_running_requests_only() {
         let s = RunningRequestsScorer::new(RunningRequestsScorerConfig::default()).unwrap();
-        let cases = vec![
-            (
-                "spread",
-                vec![ep("a:1").running(10.0), ep("b:1").running(0.0)],
-                Ok(vec![0.0, 1.0]),
-            ),
-            (
-                "equal",
-                vec![ep("a:1").running(2.0), ep("b:1").running(2.0)],
-                Ok(vec![1.0, 1.0]),
-            ),
-            (
-                "stale one",
-                vec![
-                    ep("a:1").running(0.0).fresh(Fresh::Stale),
-                    ep("b:1").running(9.0),
-                ],
-                Ok(vec![0.0, 1.0]),
-            ),
-            (
-                "gauge absent",
-                vec![ep("a:1"), ep("b:1").running(9.0)],
-                Ok(vec![0.0, 1.0]),
-            ),
-            (
-                "none",
-                vec![ep("a:1").fresh(Fresh::Missing)],
-                Err(SkipReason::NoSignal),
-            ),
-        ];
-        for (name, eps, want) in cases {
-            assert_eq!(run_scorer(&s, &eps, facts()), want, "{name}");
-        }
+        let busy = ep("a:1").running(10.0).waiting(0.0);
+        let idle = ep("b:1").running(0.0).waiting(7.0);
+        assert_eq!(run_scorer(&s, &[busy, idle], facts()), Ok(vec![0.0, 1.0]));
     }
 }

@@ -17,11 +17,12 @@
 
 use serde::Deserialize;
 
+use super::as_scores;
 use crate::cycle::CycleState;
 use crate::endpoint::EndpointState;
-use crate::error::ConfigError;
+use crate::error::SchedulerConfigError;
 use crate::framework::{ScoreOutcome, Scorer};
-use crate::plugins::{Built, Registration, params};
+use crate::plugins::{Registration, build};
 
 /// Parameters of `token-load-scorer`.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
@@ -52,10 +53,10 @@ impl TokenLoadScorer {
     /// Builds the scorer.
     ///
     /// # Errors
-    /// [`ConfigError::InvalidParameter`] when `queue_threshold_tokens` is 0.
-    pub fn new(config: TokenLoadScorerConfig) -> Result<TokenLoadScorer, ConfigError> {
+    /// [`SchedulerConfigError::InvalidParameter`] when `queue_threshold_tokens` is 0.
+    pub fn new(config: TokenLoadScorerConfig) -> Result<TokenLoadScorer, SchedulerConfigError> {
         if config.queue_threshold_tokens == 0 {
-            return Err(ConfigError::InvalidParameter {
+            return Err(SchedulerConfigError::InvalidParameter {
                 parameter: "queue_threshold_tokens",
                 reason: "must be greater than 0".into(),
             });
@@ -73,10 +74,10 @@ impl Scorer for TokenLoadScorer {
         candidates: &[&EndpointState],
         scores: &mut [f64],
     ) -> ScoreOutcome {
-        for (s, e) in scores.iter_mut().zip(candidates) {
-            *s = 1.0 - (e.in_flight_tokens() as f64 / self.threshold).min(1.0);
-        }
-        ScoreOutcome::Scored
+        let free =
+            |e: &&EndpointState| 1.0 - (e.in_flight_tokens() as f64 / self.threshold).min(1.0);
+        let values: Vec<Option<f64>> = candidates.iter().map(|e| Some(free(e))).collect();
+        as_scores(&values, scores)
     }
 }
 
@@ -84,17 +85,13 @@ pub(crate) const REGISTRATION: Registration = Registration {
     type_name: TokenLoadScorer::TYPE,
     description: "prefers endpoints with fewer uncached prompt tokens in flight",
     example: "{ queue_threshold_tokens: 1048576 }",
-    build: |p, _| {
-        Ok(Built::Scorer(std::sync::Arc::new(TokenLoadScorer::new(
-            params(p)?,
-        )?)))
-    },
+    build: |p, _| build(p, TokenLoadScorer::new),
 };
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::test_util::{Fresh, ep, facts, run_scorer};
+    use crate::test_util::{Fresh, assert_error_names, ep, facts, run_scorer};
 
     #[test]
     fn table() {
@@ -115,11 +112,9 @@ mod tests {
         for (name, eps, want) in cases {
             assert_eq!(run_scorer(&s, &eps, facts()), Ok(want), "{name}");
         }
-        assert!(
-            TokenLoadScorer::new(TokenLoadScorerConfig {
-                queue_threshold_tokens: 0
-            })
-            .is_err()
-        );
+        let bad = TokenLoadScorer::new(TokenLoadScorerConfig {
+            queue_threshold_tokens: 0,
+        });
+        assert_error_names(bad, &["queue_threshold_tokens", "greater than 0"]);
     }
 }

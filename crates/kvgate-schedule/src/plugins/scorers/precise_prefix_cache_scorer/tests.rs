@@ -207,3 +207,32 @@ fn speculative_after_pick() {
         "no insert when off"
     );
 }
+
+#[test]
+fn bad_parameters_are_named() {
+    let cases = [
+        (
+            "weight above 1",
+            1.5,
+            1,
+            &["match_length_weight", "1.5"][..],
+        ),
+        (
+            "zero scale",
+            0.5,
+            0,
+            &["match_length_scale_tokens", "greater than 0"][..],
+        ),
+    ];
+    for (name, match_length_weight, match_length_scale_tokens, words) in cases {
+        let config = PrecisePrefixCacheScorerConfig {
+            match_length_weight,
+            match_length_scale_tokens,
+            ..Default::default()
+        };
+        let e = PrecisePrefixCacheScorer::new(config, &index()).unwrap_err();
+        for w in words {
+            assert!(e.to_string().contains(w), "{name}: {e}");
+        }
+    }
+}

@@ -1,9 +1,8 @@
-//! `/debug/state.json` and `/debug/state`: a serializable snapshot of every endpoint (health,
-//! load, metrics age, index holdings, predicted vs realized prefix hits) and a plain HTML table
-//! rendering of it (no JavaScript).
+//! The endpoint registry's state at one instant, as data: health, load, metrics age, index
+//! holdings and predicted vs realized prefix hits per endpoint. The proxy's admin server
+//! serves it as `/debug/state.json` and renders it as the `/debug/state` page.
 
 use std::collections::BTreeMap;
-use std::fmt::Write as _;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Instant;
 
@@ -129,77 +128,4 @@ fn endpoint_snapshot(reg: &EndpointRegistry, e: &EndpointState, now: Instant) ->
         realized_tokens: c.realized_tokens.load(Relaxed),
         mispredicted_requests: c.mispredicted.load(Relaxed),
     }
-}
-
-fn esc(s: &str) -> String {
-    s.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
-        .replace('"', "&quot;")
-}
-
-fn opt<T: std::fmt::Display>(v: Option<T>) -> String {
-    v.map_or_else(|| "–".to_owned(), |v| v.to_string())
-}
-
-/// Renders a snapshot as a plain HTML page (a table per section, no scripts).
-pub fn render_html(s: &StateSnapshot) -> String {
-    let mut h = String::from(
-        "<!doctype html><html><head><meta charset=\"utf-8\"><title>kvgate state</title>\
-         <style>body{font-family:sans-serif}table{border-collapse:collapse}\
-         td,th{border:1px solid #999;padding:2px 6px;text-align:right}\
-         td:first-child{text-align:left}</style></head><body><h1>kvgate endpoints</h1>\n",
-    );
-    let _ = writeln!(
-        h,
-        "<p>index: {} blocks, {} holdings, ~{} KiB</p>",
-        s.index.blocks,
-        s.index.holdings,
-        s.index.estimated_bytes / 1024
-    );
-    h.push_str(
-        "<table><tr><th>endpoint</th><th>role</th><th>healthy</th><th>failures</th>\
-         <th>in flight</th><th>in-flight tokens</th><th>waiting</th><th>running</th>\
-         <th>kv usage</th><th>metrics age ms</th><th>stale</th><th>mode</th><th>holdings</th>\
-         <th>degraded</th><th>reported</th><th>predicted tok</th><th>realized tok</th>\
-         <th>hit ratio</th><th>mispredicted</th><th>labels</th></tr>\n",
-    );
-    for e in &s.endpoints {
-        let m = e.metrics.as_ref();
-        let ratio = (e.predicted_tokens > 0).then(|| {
-            format!(
-                "{:.2}",
-                e.realized_tokens as f64 / e.predicted_tokens as f64
-            )
-        });
-        let labels: Vec<String> = e.labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
-        let _ = writeln!(
-            h,
-            "<tr><td>{}</td><td>{:?}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td>\
-             <td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td>\
-             <td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
-            esc(&e.name),
-            e.role,
-            e.healthy,
-            e.consecutive_failures,
-            e.in_flight_requests,
-            e.in_flight_tokens,
-            opt(m.and_then(|m| m.waiting)),
-            opt(m.and_then(|m| m.running)),
-            opt(m.and_then(|m| m.kv_usage).map(|k| format!("{k:.2}"))),
-            opt(e.metrics_age_ms),
-            e.metrics_stale,
-            if e.kv_events { "precise" } else { "approx" },
-            e.index_holdings,
-            e.index_degraded,
-            e.reported_requests,
-            e.predicted_tokens,
-            e.realized_tokens,
-            opt(ratio),
-            e.mispredicted_requests,
-            esc(&labels.join(", ")),
-        );
-    }
-    h.push_str("</table></body></html>\n");
-    h
 }
