@@ -196,6 +196,31 @@ pub struct BenchArgs {
 }
 
 impl BenchArgs {
+    /// Parses `kvgate bench` flags, without the program name (tests, embedding).
+    ///
+    /// As with `SimArgs::from_flags` in `kvgate-sim`, a single-value flag given twice takes
+    /// its last value; repeatable flags collect every value.
+    ///
+    /// # Errors
+    /// [`BenchError::InvalidArgument`] with clap's message for an unknown flag, a malformed
+    /// value or conflicting flags.
+    pub fn from_flags<I, S>(flags: I) -> Result<BenchArgs, BenchError>
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<std::ffi::OsString>,
+    {
+        #[derive(clap::Parser)]
+        #[command(name = "bench", args_override_self = true)]
+        struct Wrap {
+            #[command(flatten)]
+            args: BenchArgs,
+        }
+        let argv = std::iter::once("bench".into()).chain(flags.into_iter().map(Into::into));
+        <Wrap as clap::Parser>::try_parse_from(argv)
+            .map(|w| w.args)
+            .map_err(|e| BenchError::InvalidArgument(e.to_string().trim_end().to_owned()))
+    }
+
     /// The workload spec these arguments describe.
     ///
     /// # Errors
@@ -416,74 +441,4 @@ async fn discover_model(client: &LoadClient, target: &Target) -> Result<String, 
 }
 
 #[cfg(test)]
-mod tests {
-    use clap::Parser;
-
-    use super::*;
-
-    #[derive(Parser)]
-    struct Cli {
-        #[command(flatten)]
-        bench: BenchArgs,
-    }
-
-    fn parse(args: &[&str]) -> Result<BenchArgs, clap::Error> {
-        Cli::try_parse_from(std::iter::once("bench").chain(args.iter().copied())).map(|c| c.bench)
-    }
-
-    #[test]
-    fn target_and_overhead_rules() {
-        let cases: [(&str, &[&str], Option<usize>); 8] = [
-            ("one target", &["--target", "http://a:1"], Some(1)),
-            (
-                "compare list",
-                &["--compare", "a=http://a:1", "b=http://b:1"],
-                Some(2),
-            ),
-            (
-                "target plus compare",
-                &["--target", "http://a:1", "--compare", "http://b:1"],
-                Some(2),
-            ),
-            (
-                "compare with replicas",
-                &["--compare", "p=http://a:1,http://b:1", "rr=http://c:1"],
-                Some(2),
-            ),
-            ("bad replica", &["--target", "p=http://a:1,b:1"], None),
-            ("none", &[], None),
-            (
-                "overhead needs two",
-                &["--overhead", "--target", "http://a:1"],
-                None,
-            ),
-            (
-                "overhead with two",
-                &[
-                    "--overhead",
-                    "--target",
-                    "e=http://a:1",
-                    "--target",
-                    "r=http://b:1",
-                ],
-                Some(2),
-            ),
-        ];
-        for (name, args, want) in cases {
-            let got = parse(args).unwrap().targets().ok().map(|t| t.len());
-            assert_eq!(got, want, "{name}");
-        }
-    }
-
-    #[test]
-    fn rate_and_concurrency_conflict_and_replay_needs_a_trace() {
-        assert!(parse(&["--rate", "5", "--concurrency", "2"]).is_err());
-        let replay = parse(&["--workload", "replay"]).unwrap();
-        assert!(replay.workload_spec().is_err());
-        let replay = parse(&["--workload", "replay", "--trace", "t.jsonl"]).unwrap();
-        assert!(matches!(
-            replay.workload_spec(),
-            Ok(WorkloadSpec::Replay(_))
-        ));
-    }
-}
+mod tests;

@@ -1,11 +1,12 @@
 //! [`LoadClient`]: a pooled HTTP/1.1 client that streams one request and measures it.
 //!
 //! Built on hyper-util's legacy client (keep-alive pool, `TCP_NODELAY`), with bodies passed
-//! as pre-built [`Bytes`]. Per response it parses only what it needs: the SSE framing, and
-//! per event a borrowed JSON probe for content, `usage` and `error`.
+//! as pre-built [`Bytes`]. Per response it parses only what it needs: the SSE framing
+//! (`kvgate-request`'s, the proxy's own), and per event a borrowed JSON probe for content,
+//! `usage` and `error`.
 
+mod payload;
 mod replicas;
-mod sse;
 
 use std::time::{Duration, Instant};
 
@@ -16,10 +17,11 @@ use hyper_util::{
     client::legacy::{Client, connect::HttpConnector},
     rt::TokioExecutor,
 };
+use kvgate_request::{SseEvents, SsePiece, event_data};
 use tokio::sync::oneshot;
 
+use self::payload::read_payload;
 pub(crate) use self::replicas::ReplicaUris;
-use self::sse::{SseReader, read_payload};
 use crate::{BenchError, ErrorKind, RequestRecord};
 
 /// Options of the load client.
@@ -175,7 +177,7 @@ impl LoadClient {
             events.on_payload(&bytes, millis(t0));
             return;
         }
-        let mut reader = SseReader::default();
+        let mut reader = SseEvents::new();
         let mut events = Events::new(rec, out.text.as_mut());
         loop {
             match body.frame().await {
@@ -187,14 +189,17 @@ impl LoadClient {
                 Some(Ok(frame)) => {
                     if let Ok(data) = frame.into_data() {
                         let now = millis(t0);
-                        reader.push(&data, &mut |payload| events.on_payload(payload, now));
+                        reader.push(&data, |event| events.on_event(event, now));
                     }
                 }
             }
         }
         let now = millis(t0);
-        if !reader.finish(&mut |payload| events.on_payload(payload, now)) {
+        if !reader.finish(|event| events.on_event(event, now)) {
             events.fail(ErrorKind::StreamBroken);
+        }
+        if reader.oversize_events() > 0 {
+            events.fail(ErrorKind::BadSse);
         }
     }
 
@@ -241,6 +246,16 @@ impl<'a> Events<'a> {
         self.rec.error.get_or_insert(kind);
     }
 
+    /// One piece of an SSE stream: an event's `data`, if it has any, is a payload; bytes
+    /// passed over (an event over the cap, a truncated tail) carry none.
+    fn on_event(&mut self, piece: SsePiece<'_>, now_ms: f64) {
+        if let SsePiece::Event(event) = piece
+            && let Some(data) = event_data(event)
+        {
+            self.on_payload(&data, now_ms);
+        }
+    }
+
     fn on_payload(&mut self, payload: &[u8], now_ms: f64) {
         if payload == b"[DONE]" {
             return;
@@ -263,7 +278,7 @@ impl<'a> Events<'a> {
         if let Some(usage) = p.usage {
             self.rec.prompt_tokens = usage.prompt_tokens.or(self.rec.prompt_tokens);
             self.rec.completion_tokens = usage.completion_tokens.or(self.rec.completion_tokens);
-            self.rec.cached_tokens = usage.cached_tokens().or(self.rec.cached_tokens);
+            self.rec.cached_tokens = usage.cached_tokens.or(self.rec.cached_tokens);
         }
     }
 }

@@ -406,7 +406,13 @@ mod tests {
             HitCeiling::of(&[], 16, None).unwrap().infinite.hit_rate,
             None
         );
-        assert!(HitCeiling::of(&requests, 0, None).is_err());
+        let err = HitCeiling::of(&requests, 0, None)
+            .map(|_| ())
+            .expect_err("block size 0");
+        assert_eq!(
+            err.to_string(),
+            "invalid argument: oracle block size must be at least 1"
+        );
         let zero = HitCeiling::of(&requests, 512, Some(0)).unwrap();
         assert_eq!(zero.lru.unwrap().cached_tokens, 0);
     }

@@ -17,7 +17,8 @@ pub enum ErrorKind {
     /// The connection or body failed after the request was sent, or the stream ended in
     /// the middle of an event.
     StreamBroken,
-    /// An SSE `data:` payload (or a non-stream body) was not valid JSON.
+    /// An SSE `data:` payload (or a non-stream body) was not valid JSON, or an SSE event was
+    /// over the 1 MiB cap (`kvgate_request::DEFAULT_MAX_EVENT_BYTES`) and was skipped.
     BadSse,
     /// The stream carried an `error` object (the engine failed mid-stream).
     StreamError,

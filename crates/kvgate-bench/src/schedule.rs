@@ -152,13 +152,26 @@ mod tests {
     fn rejects_bad_parameters() {
         let w = LowReuse::default().generate(&BodyOptions::default(), 0);
         let cases = [
-            ("zero rate", Arrival::Poisson { rate: 0.0 }),
-            ("nan rate", Arrival::Poisson { rate: f64::NAN }),
-            ("zero workers", Arrival::Closed { concurrency: 0 }),
-            ("zero speed", Arrival::Trace { speed: 0.0 }),
+            ("zero rate", Arrival::Poisson { rate: 0.0 }, "rate 0 must"),
+            (
+                "nan rate",
+                Arrival::Poisson { rate: f64::NAN },
+                "rate NaN must",
+            ),
+            (
+                "zero workers",
+                Arrival::Closed { concurrency: 0 },
+                "concurrency must",
+            ),
+            (
+                "zero speed",
+                Arrival::Trace { speed: 0.0 },
+                "trace speed 0 must",
+            ),
         ];
-        for (name, arrival) in cases {
-            assert!(Schedule::build(arrival, &w, 0).is_err(), "{name}");
+        for (name, arrival, field) in cases {
+            let err = Schedule::build(arrival, &w, 0).map(|_| ()).expect_err(name);
+            assert!(err.to_string().contains(field), "{name}: {err}");
         }
     }
 }

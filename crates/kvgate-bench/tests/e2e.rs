@@ -125,6 +125,13 @@ async fn handle(spy: Arc<Spy>, req: Request<Incoming>) -> Result<Response<Body>,
             tx.send_data(Bytes::from("data: {oops\n\n")).await.unwrap();
             return;
         }
+        if path.starts_with("/oversize") {
+            // One event over the 1 MiB cap, then a well-formed end.
+            let huge = json!({"choices": [{"delta": {"content": "x".repeat(1 << 20)}}]});
+            tx.send_data(event(huge)).await.unwrap();
+            tx.send_data(Bytes::from("data: [DONE]\n\n")).await.unwrap();
+            return;
+        }
         for (i, piece) in ["alpha", " beta", " gamma"].iter().enumerate() {
             if i > 0 {
                 // Spaces the events out so gaps are measurable; nothing asserts on them.
@@ -289,6 +296,11 @@ async fn failures_are_recorded_by_kind() {
             Some(ErrorKind::BadSse),
         ),
         (
+            "oversize event",
+            format!("http://{addr}/oversize"),
+            Some(ErrorKind::BadSse),
+        ),
+        (
             "broken",
             format!("http://{addr}/broken"),
             Some(ErrorKind::StreamBroken),
@@ -366,15 +378,7 @@ fn out_dir(name: &str) -> std::path::PathBuf {
 }
 
 fn bench_args(args: &[String]) -> cli::BenchArgs {
-    use clap::Parser;
-    #[derive(Parser)]
-    struct Cli {
-        #[command(flatten)]
-        bench: cli::BenchArgs,
-    }
-    Cli::try_parse_from(std::iter::once("bench".to_owned()).chain(args.iter().cloned()))
-        .unwrap()
-        .bench
+    cli::BenchArgs::from_flags(args).unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,18 +1,18 @@
-//! Test helpers: a spy engine that records the raw bytes it receives, and a proxy launcher.
+//! Test helpers: a spy engine that records the raw bytes it receives, and the proxy launcher
+//! ([`RunningProxy`], from [`crate::loopback`]) with a panicking `start`.
 //!
 //! The spy speaks HTTP/1.1 over a raw TCP socket, so what it records is exactly what crossed
 //! the wire: no HTTP library in between normalizes anything.
 
 use std::{net::SocketAddr, sync::Arc, time::Duration};
 
-use prometheus_client::registry::Registry;
 use tokio::{
     io::{AsyncReadExt, AsyncWriteExt},
     net::{TcpListener, TcpStream},
     sync::{mpsc, oneshot},
 };
 
-use crate::{Proxy, ProxyConfig};
+use crate::ProxyConfig;
 
 /// One request as the spy received it.
 #[derive(Debug, Clone)]
@@ -245,54 +245,18 @@ async fn read_request(stream: &mut TcpStream, buf: &mut Vec<u8>) -> Option<Captu
     Some(Captured { head, body })
 }
 
-/// A proxy running on loopback ports, stopped when dropped.
-#[derive(Debug)]
-pub struct RunningProxy {
-    /// Proxy address.
-    pub addr: SocketAddr,
-    /// Admin address.
-    pub admin: SocketAddr,
-    /// The proxy itself (for reloads).
-    pub proxy: Arc<Proxy>,
-    _stop: oneshot::Sender<()>,
-}
+pub use crate::loopback::RunningProxy;
 
 impl RunningProxy {
-    /// Starts [`crate::run`] with `config` on `127.0.0.1:0` (proxy and admin).
+    /// [`RunningProxy::launch`] for tests.
     ///
     /// # Panics
     /// If it cannot bind or the config is invalid.
-    #[allow(clippy::expect_used)]
     pub async fn start(config: ProxyConfig) -> RunningProxy {
-        let mut registry = Registry::default();
-        let proxy = Proxy::new(config, &mut registry).expect("proxy config");
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind proxy");
-        let admin = TcpListener::bind("127.0.0.1:0").await.expect("bind admin");
-        let (addr, admin_addr) = (
-            listener.local_addr().expect("addr"),
-            admin.local_addr().expect("addr"),
-        );
-        let (stop, stopped) = oneshot::channel::<()>();
-        tokio::spawn(crate::run(
-            listener,
-            admin,
-            proxy.clone(),
-            Arc::new(registry),
-            async move {
-                let _ = stopped.await;
-            },
-        ));
-        RunningProxy {
-            addr,
-            admin: admin_addr,
-            proxy,
-            _stop: stop,
+        match RunningProxy::launch(config).await {
+            Ok(running) => running,
+            Err(e) => panic!("starting the proxy: {e}"),
         }
-    }
-
-    /// `http://addr`.
-    pub fn url(&self) -> String {
-        format!("http://{}", self.addr)
     }
 }
 

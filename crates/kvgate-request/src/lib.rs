@@ -13,15 +13,18 @@
 //! - [`error`]: [`ParseError`], each case mapped to an OpenAI-shaped JSON error body.
 //! - [`response`]: reading engine responses: putting the client's model name back into
 //!   JSON bodies and SSE events, and reading `usage`.
+//! - [`sse`]: server-sent events framing, with a cap on one event's size.
 
 pub mod api;
 pub mod error;
 pub mod request;
 pub mod response;
+pub mod sse;
 
 pub use self::{
     api::Api,
     error::{ErrorBody, ParseError},
     request::{Field, Request, SealedRequest},
     response::{SseModelRewriter, SseUsageObserver, Usage, rewrite_model_json, usage_from_json},
+    sse::{DEFAULT_MAX_EVENT_BYTES, SseEvents, SsePiece, event_data, event_end},
 };

@@ -8,6 +8,8 @@ use bytes::{Bytes, BytesMut};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
+use crate::sse::{SseEvents, SsePiece, event_data};
+
 /// Replaces the top-level `model` string of a JSON object. Returns `None` when `body` is not a
 /// JSON object with a top-level string `model` (the caller then forwards it unchanged).
 pub fn rewrite_model_json(body: &[u8], model: &str) -> Option<Vec<u8>> {
@@ -33,39 +35,70 @@ pub fn rewrite_model_json(body: &[u8], model: &str) -> Option<Vec<u8>> {
 /// Restores the client's model name in an SSE stream, event by event.
 ///
 /// Bytes are released at each event boundary (a blank line), so a streamed response is held
-/// back by at most one partial event.
+/// back by at most one partial event, and by at most
+/// [`DEFAULT_MAX_EVENT_BYTES`](crate::sse::DEFAULT_MAX_EVENT_BYTES) of it (or the cap given
+/// to [`with_max_event_bytes`](Self::with_max_event_bytes)): an event over the cap is
+/// forwarded unchanged, as its bytes arrive, and counted in
+/// [`oversize_events`](Self::oversize_events). Every byte goes out exactly once.
 #[derive(Debug)]
 pub struct SseModelRewriter {
     model: String,
-    pending: BytesMut,
+    events: SseEvents,
 }
 
 impl SseModelRewriter {
-    /// A rewriter that puts `model` into every JSON `data:` event.
+    /// A rewriter that puts `model` into every JSON `data:` event, with the
+    /// [`DEFAULT_MAX_EVENT_BYTES`](crate::sse::DEFAULT_MAX_EVENT_BYTES) cap.
     pub fn new(model: impl Into<String>) -> Self {
+        Self::with_max_event_bytes(model, crate::sse::DEFAULT_MAX_EVENT_BYTES)
+    }
+
+    /// A rewriter that holds back at most `max_event_bytes` of a partial event.
+    pub fn with_max_event_bytes(model: impl Into<String>, max_event_bytes: usize) -> Self {
         Self {
             model: model.into(),
-            pending: BytesMut::new(),
+            events: SseEvents::with_max_event_bytes(max_event_bytes),
         }
     }
 
-    /// Feeds a chunk; returns the complete events it finished, rewritten.
+    /// How many events were over the cap and went out without the model rewrite.
+    pub fn oversize_events(&self) -> u64 {
+        self.events.oversize_events()
+    }
+
+    /// Feeds a chunk; returns the complete events it finished, rewritten, and the bytes of an
+    /// oversize event as they come, unchanged.
     pub fn push(&mut self, chunk: &[u8]) -> Bytes {
-        self.pending.extend_from_slice(chunk);
         let mut out = BytesMut::new();
-        while let Some(end) = event_end(&self.pending) {
-            let event = self.pending.split_to(end);
-            self.rewrite_event(&event, &mut out);
-        }
+        let model = &self.model;
+        self.events
+            .push(chunk, |piece| Self::emit(model, piece, &mut out));
         out.freeze()
     }
 
-    /// Ends the stream; returns whatever partial event remained, unchanged.
+    /// Ends the stream; returns what remained: a last event without its blank line
+    /// (rewritten), or an incomplete line (unchanged).
     pub fn finish(&mut self) -> Bytes {
-        self.pending.split().freeze()
+        let mut out = BytesMut::new();
+        let model = &self.model;
+        self.events
+            .finish(|piece| Self::emit(model, piece, &mut out));
+        out.freeze()
     }
 
-    fn rewrite_event(&self, event: &[u8], out: &mut BytesMut) {
+    #[cfg(test)]
+    fn held_bytes(&self) -> usize {
+        self.events.held_bytes()
+    }
+
+    fn emit(model: &str, piece: SsePiece<'_>, out: &mut BytesMut) {
+        match piece {
+            SsePiece::Event(event) => Self::rewrite_event(model, event, out),
+            SsePiece::Unread(bytes) => out.extend_from_slice(bytes),
+        }
+    }
+
+    fn rewrite_event(model: &str, event: &[u8], out: &mut BytesMut) {
         let mut rest = event;
         while !rest.is_empty() {
             let line_end = memchr::memchr(b'\n', rest).map_or(rest.len(), |i| i + 1);
@@ -82,7 +115,7 @@ impl SseModelRewriter {
                     .take_while(|b| **b == b'\n' || **b == b'\r')
                     .count();
             let lead = data.iter().take_while(|b| **b == b' ').count();
-            match rewrite_model_json(&data[lead..content_end], &self.model) {
+            match rewrite_model_json(&data[lead..content_end], model) {
                 Some(json) => {
                     out.extend_from_slice(b"data:");
                     out.extend_from_slice(&data[..lead]);
@@ -95,50 +128,45 @@ impl SseModelRewriter {
     }
 }
 
-/// Offset just past the first complete SSE event (ends with `\n\n` or `\r\n\r\n`).
-fn event_end(buf: &[u8]) -> Option<usize> {
-    let mut from = 0;
-    while let Some(i) = memchr::memchr(b'\n', &buf[from..]) {
-        let nl = from + i;
-        let next = &buf[nl + 1..];
-        if next.starts_with(b"\n") {
-            return Some(nl + 2);
-        }
-        if next.starts_with(b"\r\n") {
-            return Some(nl + 3);
-        }
-        from = nl + 1;
-    }
-    None
-}
-
 /// Watches an SSE stream for the `usage` event without holding any bytes back.
 ///
-/// Only the partial event at the end of each chunk is copied (to join it with the next chunk);
-/// complete events are scanned in place, and only those mentioning `"usage"` are parsed.
+/// Only the partial event at the end of each chunk is copied (to join it with the next chunk),
+/// and at most [`DEFAULT_MAX_EVENT_BYTES`](crate::sse::DEFAULT_MAX_EVENT_BYTES) of it (or the cap given to
+/// [`with_max_event_bytes`](Self::with_max_event_bytes)): a longer event is skipped and counted
+/// in [`oversize_events`](Self::oversize_events), and the events after it are still read.
+/// Complete events are scanned in place, and only those mentioning `"usage"` are parsed.
 #[derive(Debug, Default)]
 pub struct SseUsageObserver {
-    partial: Vec<u8>,
+    events: SseEvents,
     usage: Option<Usage>,
 }
 
 impl SseUsageObserver {
-    /// A fresh observer.
+    /// An observer with the [`DEFAULT_MAX_EVENT_BYTES`](crate::sse::DEFAULT_MAX_EVENT_BYTES) cap.
     pub fn new() -> Self {
         Self::default()
     }
 
+    /// An observer that skips events longer than `max_event_bytes`.
+    pub fn with_max_event_bytes(max_event_bytes: usize) -> Self {
+        Self {
+            events: SseEvents::with_max_event_bytes(max_event_bytes),
+            usage: None,
+        }
+    }
+
     /// Looks at the next chunk of the stream.
     pub fn observe(&mut self, chunk: &[u8]) {
-        if self.partial.is_empty() {
-            let consumed = self.scan(chunk);
-            self.partial.extend_from_slice(&chunk[consumed..]);
-        } else {
-            self.partial.extend_from_slice(chunk);
-            let buf = std::mem::take(&mut self.partial);
-            let consumed = self.scan(&buf);
-            self.partial = buf[consumed..].to_vec();
-        }
+        let usage = &mut self.usage;
+        self.events.push(chunk, |piece| {
+            if let SsePiece::Event(event) = piece
+                && memchr::memmem::find(event, b"\"usage\"").is_some()
+                && let Some(data) = event_data(event)
+                && let Some(found) = usage_from_json(&data)
+            {
+                *usage = Some(found);
+            }
+        });
     }
 
     /// The last `usage` seen so far (the final one, once the stream has ended).
@@ -146,35 +174,57 @@ impl SseUsageObserver {
         self.usage
     }
 
-    /// Scans the complete events in `buf`; returns how many bytes they span.
-    fn scan(&mut self, buf: &[u8]) -> usize {
-        let mut consumed = 0;
-        while let Some(end) = event_end(&buf[consumed..]) {
-            let event = &buf[consumed..consumed + end];
-            if memchr::memmem::find(event, b"\"usage\"").is_some() {
-                for line in event.split(|b| *b == b'\n') {
-                    if let Some(data) = line.strip_prefix(b"data:")
-                        && let Some(usage) = usage_from_json(data.trim_ascii())
-                    {
-                        self.usage = Some(usage);
-                    }
-                }
-            }
-            consumed += end;
-        }
-        consumed
+    /// How many events were skipped, unread, because they were over the cap.
+    pub fn oversize_events(&self) -> u64 {
+        self.events.oversize_events()
+    }
+
+    #[cfg(test)]
+    fn held_bytes(&self) -> usize {
+        self.events.held_bytes()
     }
 }
 
 /// Token usage an engine reports, including its prefix-cache hit.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+///
+/// Deserializes from an OpenAI `usage` object; a count the engine left out (or sent as
+/// `null`) is `None`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(from = "RawUsage")]
 pub struct Usage {
-    /// Prompt tokens.
-    pub prompt_tokens: u64,
-    /// Completion tokens.
-    pub completion_tokens: u64,
-    /// `prompt_tokens_details.cached_tokens`, when the engine reports it.
+    /// `prompt_tokens`.
+    pub prompt_tokens: Option<u64>,
+    /// `completion_tokens`.
+    pub completion_tokens: Option<u64>,
+    /// `prompt_tokens_details.cached_tokens`.
     pub cached_tokens: Option<u64>,
+}
+
+/// The wire shape of [`Usage`].
+#[derive(Deserialize)]
+struct RawUsage {
+    #[serde(default)]
+    prompt_tokens: Option<u64>,
+    #[serde(default)]
+    completion_tokens: Option<u64>,
+    #[serde(default)]
+    prompt_tokens_details: Option<RawDetails>,
+}
+
+#[derive(Deserialize)]
+struct RawDetails {
+    #[serde(default)]
+    cached_tokens: Option<u64>,
+}
+
+impl From<RawUsage> for Usage {
+    fn from(raw: RawUsage) -> Self {
+        Self {
+            prompt_tokens: raw.prompt_tokens,
+            completion_tokens: raw.completion_tokens,
+            cached_tokens: raw.prompt_tokens_details.and_then(|d| d.cached_tokens),
+        }
+    }
 }
 
 /// Reads `usage` from an OpenAI-shaped response object (a whole body or one SSE event's
@@ -182,26 +232,10 @@ pub struct Usage {
 pub fn usage_from_json(json: &[u8]) -> Option<Usage> {
     #[derive(Deserialize)]
     struct Envelope {
-        usage: Option<RawUsage>,
-    }
-    #[derive(Deserialize)]
-    struct RawUsage {
         #[serde(default)]
-        prompt_tokens: u64,
-        #[serde(default)]
-        completion_tokens: u64,
-        prompt_tokens_details: Option<Details>,
+        usage: Option<Usage>,
     }
-    #[derive(Deserialize)]
-    struct Details {
-        cached_tokens: Option<u64>,
-    }
-    let usage = serde_json::from_slice::<Envelope>(json).ok()?.usage?;
-    Some(Usage {
-        prompt_tokens: usage.prompt_tokens,
-        completion_tokens: usage.completion_tokens,
-        cached_tokens: usage.prompt_tokens_details.and_then(|d| d.cached_tokens),
-    })
+    serde_json::from_slice::<Envelope>(json).ok()?.usage
 }
 
 #[cfg(test)]
@@ -242,6 +276,37 @@ mod tests {
     }
 
     #[test]
+    fn sse_rewrite_forwards_an_oversize_event_unchanged() {
+        let small = "data: {\"model\":\"canon\"}\n\n";
+        let big = format!(
+            "data: {{\"model\":\"canon\",\"x\":\"{}\"}}\n\n",
+            "y".repeat(100)
+        );
+        let stream = format!("{small}{big}{small}");
+        let want_small = small.replace("canon", "alias");
+        for split in 1..=stream.len() {
+            let mut rw = SseModelRewriter::with_max_event_bytes("alias", 64);
+            let mut out = Vec::new();
+            for chunk in stream.as_bytes().chunks(split) {
+                out.extend_from_slice(&rw.push(chunk));
+                assert!(
+                    rw.held_bytes() <= 64,
+                    "held {} bytes, split {split}",
+                    rw.held_bytes()
+                );
+            }
+            out.extend_from_slice(&rw.finish());
+            let out = String::from_utf8(out).unwrap();
+            assert_eq!(
+                out,
+                format!("{want_small}{big}{want_small}"),
+                "split {split}"
+            );
+            assert_eq!(rw.oversize_events(), 1, "split {split}");
+        }
+    }
+
+    #[test]
     fn sse_releases_complete_events_immediately() {
         let mut rw = SseModelRewriter::new("a");
         assert_eq!(
@@ -249,6 +314,10 @@ mod tests {
             b"data: {\"model\":\"a\"}\n\n"
         );
         assert_eq!(&rw.finish()[..], b"data: {\"mo");
+        // A last event without its blank line is still an event; a cut line is not.
+        let mut rw = SseModelRewriter::new("a");
+        assert_eq!(&rw.push(b"data: {\"model\":\"c\"}\n")[..], b"");
+        assert_eq!(&rw.finish()[..], b"data: {\"model\":\"a\"}\n");
     }
 
     #[test]
@@ -260,8 +329,8 @@ mod tests {
                 obs.observe(chunk);
             }
             let want = Usage {
-                prompt_tokens: 40,
-                completion_tokens: 3,
+                prompt_tokens: Some(40),
+                completion_tokens: Some(3),
                 cached_tokens: Some(32),
             };
             assert_eq!(obs.usage(), Some(want), "chunk size {split}");
@@ -272,21 +341,69 @@ mod tests {
     }
 
     #[test]
+    fn sse_usage_observer_skips_an_oversize_event_and_reads_on() {
+        let usage = |p| {
+            format!(
+                "data: {{\"choices\":[],\"usage\":{{\"prompt_tokens\":{p},\"completion_tokens\":1}}}}\n\n"
+            )
+        };
+        // A 10 KB event (which also mentions a usage) between two small usage events.
+        let big = format!(
+            "data: {{\"choices\":[{{\"delta\":{{\"content\":\"{}\"}}}}],\"usage\":{{\"prompt_tokens\":99}}}}\n\n",
+            "x".repeat(10_000)
+        );
+        let stream = format!("{}{big}{}data: [DONE]\n\n", usage(1), usage(2));
+        for split in [1, 7, 100, 4096, stream.len()] {
+            let mut obs = SseUsageObserver::with_max_event_bytes(256);
+            for chunk in stream.as_bytes().chunks(split) {
+                obs.observe(chunk);
+                assert!(
+                    obs.held_bytes() <= 256,
+                    "held {} bytes, split {split}",
+                    obs.held_bytes()
+                );
+            }
+            assert_eq!(obs.oversize_events(), 1, "split {split}");
+            assert_eq!(
+                obs.usage().and_then(|u| u.prompt_tokens),
+                Some(2),
+                "split {split}"
+            );
+        }
+    }
+
+    #[test]
     fn usage_reading() {
         let cases = [
             (
                 r#"{"usage":{"prompt_tokens":10,"completion_tokens":2,"prompt_tokens_details":{"cached_tokens":8}}}"#,
                 Some(Usage {
-                    prompt_tokens: 10,
-                    completion_tokens: 2,
+                    prompt_tokens: Some(10),
+                    completion_tokens: Some(2),
                     cached_tokens: Some(8),
                 }),
             ),
             (
                 r#"{"usage":{"prompt_tokens":10,"completion_tokens":2}}"#,
                 Some(Usage {
-                    prompt_tokens: 10,
-                    completion_tokens: 2,
+                    prompt_tokens: Some(10),
+                    completion_tokens: Some(2),
+                    cached_tokens: None,
+                }),
+            ),
+            (
+                r#"{"usage":{"prompt_tokens":10}}"#,
+                Some(Usage {
+                    prompt_tokens: Some(10),
+                    completion_tokens: None,
+                    cached_tokens: None,
+                }),
+            ),
+            (
+                r#"{"usage":{"prompt_tokens":null,"completion_tokens":2,"prompt_tokens_details":null}}"#,
+                Some(Usage {
+                    prompt_tokens: None,
+                    completion_tokens: Some(2),
                     cached_tokens: None,
                 }),
             ),

@@ -1,8 +1,9 @@
 //! Command-line flags of `kvgate sim` ([`SimArgs`]), named after vLLM's where vLLM has one.
 
+use std::ffi::OsString;
 use std::path::PathBuf;
 
-use clap::{Args, ValueEnum};
+use clap::{Args, Parser, ValueEnum};
 
 use crate::SimError;
 use crate::hashing::HashAlgo;
@@ -12,6 +13,18 @@ pub const BUNDLED_TOKENIZER: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
     "/../../testdata/tokenizers/qwen3"
 );
+
+/// Flags that put a fleet on loopback with free ports: HTTP port 0, and KV events and their
+/// replay socket on `tcp://127.0.0.1:0` (callers read the bound addresses back from
+/// [`Sim`](crate::Sim)). See [`SimArgs::loopback`].
+pub const LOOPBACK_FLAGS: [&str; 6] = [
+    "--port",
+    "0",
+    "--kv-events-endpoint",
+    "tcp://127.0.0.1:0",
+    "--kv-events-replay-endpoint",
+    "tcp://127.0.0.1:0",
+];
 
 /// KV event encoding on the wire.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -160,17 +173,52 @@ pub struct SimArgs {
 }
 
 impl SimArgs {
-    /// Defaults, as if run with no flags.
-    pub fn defaults() -> SimArgs {
-        use clap::Parser;
+    /// Parses `kvgate sim` flags, without the program name.
+    ///
+    /// Unlike on the command line, a flag given twice takes its last value, so a caller can
+    /// put its defaults first and let later flags override them; the repeatable flags
+    /// (`--served-model-name`, `--lora-modules`) collect every value. Values are not
+    /// range-checked here: [`validate`](Self::validate) does that (and [`start`](crate::start)
+    /// calls it).
+    ///
+    /// # Errors
+    /// [`SimError::InvalidArg`] with clap's message for an unknown flag or a malformed value.
+    pub fn from_flags<I, S>(flags: I) -> Result<SimArgs, SimError>
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<OsString>,
+    {
         #[derive(Parser)]
+        #[command(name = "sim", args_override_self = true)]
         struct Wrap {
             #[command(flatten)]
             args: SimArgs,
         }
+        let argv = std::iter::once(OsString::from("sim")).chain(flags.into_iter().map(Into::into));
+        Wrap::try_parse_from(argv)
+            .map(|w| w.args)
+            .map_err(|e| SimError::InvalidArg(e.to_string().trim_end().to_owned()))
+    }
+
+    /// [`from_flags`](Self::from_flags) after [`LOOPBACK_FLAGS`]: a fleet on loopback with
+    /// free ports, KV events and replay, then `flags` (which may override any of them).
+    ///
+    /// # Errors
+    /// As [`from_flags`](Self::from_flags).
+    pub fn loopback<I, S>(flags: I) -> Result<SimArgs, SimError>
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<OsString>,
+    {
+        let base = LOOPBACK_FLAGS.into_iter().map(OsString::from);
+        Self::from_flags(base.chain(flags.into_iter().map(Into::into)))
+    }
+
+    /// Defaults, as if run with no flags.
+    pub fn defaults() -> SimArgs {
         // invariant: the defaults always parse (covered by the args tests).
-        match Wrap::try_parse_from(["sim"]) {
-            Ok(w) => w.args,
+        match Self::from_flags(std::iter::empty::<OsString>()) {
+            Ok(args) => args,
             Err(e) => unreachable!("default SimArgs must parse: {e}"),
         }
     }
@@ -219,21 +267,28 @@ impl SimArgs {
         if self.num_gpu_blocks < 2 {
             return bad("--num-gpu-blocks must be >= 2 (one is the null block)");
         }
-        if self.max_num_seqs == 0 || self.max_num_batched_tokens == 0 {
-            return bad("--max-num-seqs and --max-num-batched-tokens must be > 0");
-        }
-        if self.instances == 0 || self.data_parallel_size == 0 {
-            return bad("--instances and --data-parallel-size must be > 0");
+        for (flag, value) in [
+            ("--max-num-seqs", self.max_num_seqs),
+            ("--max-num-batched-tokens", self.max_num_batched_tokens),
+            ("--instances", self.instances),
+            ("--data-parallel-size", self.data_parallel_size),
+        ] {
+            if value == 0 {
+                return Err(SimError::InvalidArg(format!("{flag} must be > 0")));
+            }
         }
         if !(0.0..=1.0).contains(&self.drop_event_batches) {
             return bad("--drop-event-batches must be within [0, 1]");
         }
-        if self.prefill_base_ms < 0.0
-            || self.itl_ms < 0.0
-            || self.prefill_tokens_per_s < 0.0
-            || self.batch_slowdown < 0.0
-        {
-            return bad("latency flags must be >= 0");
+        for (flag, value) in [
+            ("--prefill-base-ms", self.prefill_base_ms),
+            ("--itl-ms", self.itl_ms),
+            ("--prefill-tokens-per-s", self.prefill_tokens_per_s),
+            ("--batch-slowdown", self.batch_slowdown),
+        ] {
+            if value < 0.0 {
+                return Err(SimError::InvalidArg(format!("{flag} must be >= 0")));
+            }
         }
         if self
             .restart_every
@@ -252,13 +307,6 @@ impl SimArgs {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use clap::Parser;
-
-    #[derive(Parser)]
-    struct Wrap {
-        #[command(flatten)]
-        args: SimArgs,
-    }
 
     #[test]
     fn defaults_parse_and_validate() {
@@ -270,11 +318,8 @@ mod tests {
     }
 
     #[test]
-    fn repeatable_flags_and_validation() {
-        let parse = |v: &[&str]| {
-            Wrap::try_parse_from(std::iter::once("sim").chain(v.iter().copied())).map(|w| w.args)
-        };
-        let a = parse(&[
+    fn repeatable_flags_collect_and_single_flags_take_the_last_value() {
+        let a = SimArgs::from_flags([
             "--served-model-name",
             "a",
             "b",
@@ -282,6 +327,10 @@ mod tests {
             "x=/p",
             "--lora-modules",
             "y=/q",
+            "--itl-ms",
+            "1",
+            "--itl-ms",
+            "2",
         ])
         .unwrap();
         assert_eq!(a.served_names(), vec!["a", "b"]);
@@ -289,15 +338,81 @@ mod tests {
             a.lora_pairs().unwrap(),
             vec![("x".into(), "/p".into()), ("y".into(), "/q".into())]
         );
-        let cases: Vec<(&str, Vec<&str>)> = vec![
-            ("block size", vec!["--block-size", "0"]),
-            ("blocks", vec!["--num-gpu-blocks", "1"]),
-            ("drop", vec!["--drop-event-batches", "1.5"]),
-            ("lora", vec!["--lora-modules", "nopath"]),
-            ("restart", vec!["--restart-every", "0"]),
+        assert_eq!(a.itl_ms, 2.0);
+    }
+
+    #[test]
+    fn loopback_binds_free_ports_and_yields_to_later_flags() {
+        let a = SimArgs::loopback(["--instances", "2"]).unwrap();
+        assert_eq!(a.port, 0);
+        assert_eq!(a.kv_events_endpoint, "tcp://127.0.0.1:0");
+        assert_eq!(
+            a.kv_events_replay_endpoint.as_deref(),
+            Some("tcp://127.0.0.1:0")
+        );
+        assert_eq!(a.instances, 2);
+        let a = SimArgs::loopback(["--port", "9000"]).unwrap();
+        assert_eq!(a.port, 9000);
+    }
+
+    #[test]
+    fn bad_flags_are_named_in_the_error() {
+        let cases: Vec<(&str, Vec<&str>, &str)> = vec![
+            ("unknown flag", vec!["--no-such-flag"], "--no-such-flag"),
+            ("malformed value", vec!["--port", "http"], "--port"),
+            ("block size", vec!["--block-size", "0"], "--block-size"),
+            ("blocks", vec!["--num-gpu-blocks", "1"], "--num-gpu-blocks"),
+            ("seqs", vec!["--max-num-seqs", "0"], "--max-num-seqs"),
+            (
+                "budget",
+                vec!["--max-num-batched-tokens", "0"],
+                "--max-num-batched-tokens",
+            ),
+            ("instances", vec!["--instances", "0"], "--instances"),
+            (
+                "dp",
+                vec!["--data-parallel-size", "0"],
+                "--data-parallel-size",
+            ),
+            (
+                "drop",
+                vec!["--drop-event-batches", "1.5"],
+                "--drop-event-batches",
+            ),
+            (
+                "prefill base",
+                vec!["--prefill-base-ms=-1"],
+                "--prefill-base-ms",
+            ),
+            ("itl", vec!["--itl-ms=-1"], "--itl-ms"),
+            (
+                "prefill speed",
+                vec!["--prefill-tokens-per-s=-1"],
+                "--prefill-tokens-per-s",
+            ),
+            (
+                "slowdown",
+                vec!["--batch-slowdown=-0.5"],
+                "--batch-slowdown",
+            ),
+            (
+                "lora",
+                vec!["--lora-modules", "nopath"],
+                "--lora-modules nopath",
+            ),
+            ("restart", vec!["--restart-every", "0"], "--restart-every"),
+            (
+                "lora budget",
+                vec!["--max-loras", "0", "--lora-modules", "x=/p"],
+                "--max-loras",
+            ),
         ];
-        for (name, flags) in cases {
-            assert!(parse(&flags).unwrap().validate().is_err(), "{name}");
+        for (name, flags, field) in cases {
+            let err = SimArgs::from_flags(&flags)
+                .and_then(|a| a.validate())
+                .expect_err(name)
+                .to_string();
+            assert!(err.contains(field), "{name}: {err:?} does not name {field}");
         }
     }
 }

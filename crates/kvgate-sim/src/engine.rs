@@ -1,4 +1,4 @@
-//! One engine core (one DP rank): a task that owns the scheduler and KV cache and runs
+//! One engine core (one DP rank): a task that owns the batcher and KV cache and runs
 //! steps. Each step schedules, "runs" for the modeled duration (real time, so load shows up
 //! in wall clock too), samples one token per finished sequence, publishes that step's KV
 //! events as one batch, and refreshes the metric snapshot.
@@ -14,11 +14,11 @@ use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
+use crate::batch::{BatchItem, BatchLimits, Batcher, SimRequest};
 use crate::hashing::BlockHasher;
 use crate::kv_manager::{KvManager, KvRequest, LoraAdapter};
 use crate::metrics::{EngineStats, unix_now};
 use crate::publisher::PublisherHandle;
-use crate::scheduler::{Scheduled, Scheduler, SchedulerLimits, SimRequest};
 use crate::vocab::OutputVocab;
 
 /// Why generation stopped.
@@ -82,7 +82,7 @@ pub(crate) struct LatencyModel {
 
 impl LatencyModel {
     /// `max(prefill part, decode part) × (1 + batch_slowdown × (batch − 1))`.
-    pub(crate) fn step(&self, step: &[Scheduled]) -> Duration {
+    pub(crate) fn step(&self, step: &[BatchItem]) -> Duration {
         let prefill_tokens: usize = step
             .iter()
             .filter(|s| s.is_prefill)
@@ -109,7 +109,7 @@ impl LatencyModel {
 /// Static engine configuration.
 #[derive(Debug, Clone)]
 pub(crate) struct EngineConfig {
-    pub(crate) limits: SchedulerLimits,
+    pub(crate) limits: BatchLimits,
     pub(crate) num_gpu_blocks: usize,
     pub(crate) block_size: usize,
     pub(crate) latency: LatencyModel,
@@ -214,7 +214,7 @@ struct EngineCore {
     vocab: Arc<OutputVocab>,
     publisher: PublisherHandle,
     shared: Arc<EngineShared>,
-    sched: Scheduler,
+    batcher: Batcher,
     stats: EngineStats,
     clock: Duration,
     next_id: u64,
@@ -227,22 +227,22 @@ impl EngineCore {
         publisher: PublisherHandle,
         shared: Arc<EngineShared>,
     ) -> Self {
-        let sched = Self::fresh_scheduler(&cfg);
+        let batcher = Self::fresh_batcher(&cfg);
         EngineCore {
             cfg,
             vocab,
             publisher,
             shared,
-            sched,
+            batcher,
             stats: EngineStats::default(),
             clock: Duration::ZERO,
             next_id: 0,
         }
     }
 
-    fn fresh_scheduler(cfg: &EngineConfig) -> Scheduler {
+    fn fresh_batcher(cfg: &EngineConfig) -> Batcher {
         let kv = KvManager::new(cfg.num_gpu_blocks, cfg.block_size, cfg.hasher.clone());
-        Scheduler::new(kv, cfg.limits)
+        Batcher::new(kv, cfg.limits)
     }
 
     fn handle(&mut self, msg: EngineMsg) {
@@ -276,16 +276,16 @@ impl EngineCore {
                     out,
                 };
                 self.next_id += 1;
-                self.sched.add(self.next_id, sim);
+                self.batcher.add(self.next_id, sim);
             }
             EngineMsg::ResetPrefixCache {
                 reset_running,
                 done,
             } => {
                 if reset_running {
-                    self.sched.preempt_all();
+                    self.batcher.preempt_all();
                 }
-                let ok = self.sched.kv.pool.reset_prefix_cache();
+                let ok = self.batcher.kv.pool.reset_prefix_cache();
                 let _ = done.send(ok);
             }
         }
@@ -293,9 +293,9 @@ impl EngineCore {
 
     fn restart(&mut self) {
         tracing::info!("engine restart (--restart-every)");
-        self.sched
+        self.batcher
             .abort_all(EngineOutput::Failed(EngineFailure::Restarted));
-        self.sched = Self::fresh_scheduler(&self.cfg);
+        self.batcher = Self::fresh_batcher(&self.cfg);
         self.stats = EngineStats::default();
         self.clock = Duration::ZERO;
         self.publisher.reset();
@@ -303,20 +303,20 @@ impl EngineCore {
     }
 
     fn flush_events(&mut self) {
-        let events = self.sched.kv.pool.take_events();
+        let events = self.batcher.kv.pool.take_events();
         if !events.is_empty() {
             self.publisher.publish(events);
         }
     }
 
     fn publish_stats(&mut self) {
-        self.stats.running = self.sched.running.len();
-        self.stats.waiting = self.sched.waiting.len();
-        self.stats.kv_usage = self.sched.kv.pool.usage();
-        self.stats.prefix_queries = self.sched.counters.prefix_queries;
-        self.stats.prefix_hits = self.sched.counters.prefix_hits;
-        self.stats.preemptions = self.sched.counters.preemptions;
-        let (running, waiting) = self.sched.lora_sets();
+        self.stats.running = self.batcher.running.len();
+        self.stats.waiting = self.batcher.waiting.len();
+        self.stats.kv_usage = self.batcher.kv.pool.usage();
+        self.stats.prefix_queries = self.batcher.counters.prefix_queries;
+        self.stats.prefix_hits = self.batcher.counters.prefix_hits;
+        self.stats.preemptions = self.batcher.counters.preemptions;
+        let (running, waiting) = self.batcher.lora_sets();
         if running != self.stats.running_loras || waiting != self.stats.waiting_loras {
             self.stats.running_loras = running;
             self.stats.waiting_loras = waiting;
@@ -330,7 +330,7 @@ impl EngineCore {
     async fn run(mut self, mut rx: mpsc::UnboundedReceiver<EngineMsg>) {
         let mut next_restart = self.cfg.restart_every.map(|d| Instant::now() + d);
         loop {
-            if self.sched.is_idle() {
+            if self.batcher.is_idle() {
                 let msg = match next_restart {
                     Some(at) => tokio::select! {
                         m = rx.recv() => m,
@@ -356,19 +356,19 @@ impl EngineCore {
                 continue;
             }
             if self.shared.dead.load(Ordering::Relaxed) {
-                self.sched
+                self.batcher
                     .abort_all(EngineOutput::Failed(EngineFailure::Dead));
                 self.flush_events();
                 self.publish_stats();
                 continue;
             }
-            let step = self.sched.schedule();
+            let step = self.batcher.next_batch();
             if step.is_empty() {
                 // Nothing fits even with an empty batch: nothing will ever change without new
                 // input, so wait for a message instead of spinning.
                 self.flush_events();
                 self.publish_stats();
-                if !self.sched.is_idle() {
+                if !self.batcher.is_idle() {
                     match rx.recv().await {
                         Some(m) => self.handle(m),
                         None => return,
@@ -385,7 +385,7 @@ impl EngineCore {
             }
             self.clock += dur;
             let res = self
-                .sched
+                .batcher
                 .update_from_output(&step, self.clock, &self.vocab);
             self.stats.generation_tokens += res.generated_tokens;
             for t in res.ttfts {
@@ -416,17 +416,17 @@ mod tests {
             itl: Duration::from_millis(5),
             batch_slowdown: 0.5,
         };
-        let p = |n| Scheduled {
+        let p = |n| BatchItem {
             id: 0,
             num_new_tokens: n,
             is_prefill: true,
         };
-        let d = Scheduled {
+        let d = BatchItem {
             id: 0,
             num_new_tokens: 1,
             is_prefill: false,
         };
-        let cases: Vec<(&str, Vec<Scheduled>, f64)> = vec![
+        let cases: Vec<(&str, Vec<BatchItem>, f64)> = vec![
             ("lone prefill", vec![p(100)], 110.0),
             ("lone decode", vec![d], 5.0),
             ("two decodes slowed", vec![d, d], 7.5),

@@ -13,6 +13,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::args::{EventEncoding, SimArgs};
+use crate::batch::BatchLimits;
 use crate::engine::{EngineConfig, EngineHandle, LatencyModel};
 use crate::hashing::{BlockHasher, EnvSource};
 use crate::instance::Instance;
@@ -20,7 +21,6 @@ use crate::kv_manager::LoraAdapter;
 use crate::metrics::MetricsInfo;
 use crate::prompt::{LocalPrompts, PromptSource};
 use crate::publisher::{EventAddrs, PublisherConfig, PublisherHandle, start_publisher};
-use crate::scheduler::SchedulerLimits;
 use crate::vocab::OutputVocab;
 use crate::{SimError, api};
 
@@ -98,7 +98,7 @@ pub async fn start_with_prompts(
         .collect();
     let served = args.served_names();
     let engine_cfg = EngineConfig {
-        limits: SchedulerLimits {
+        limits: BatchLimits {
             max_num_seqs: args.max_num_seqs,
             max_num_batched_tokens: args.max_num_batched_tokens,
             max_loras: args.max_loras.max(1),

@@ -13,7 +13,8 @@
 //! - `api`: HTTP routes and the generation endpoints; `sse`: vLLM's stream chunks;
 //!   `render`: `/render`, `/tokenize`, `/v1/models`; `openai`: wire shapes and errors.
 //! - `engine`: the engine-core task (steps, latency model, engine clock, restarts);
-//!   `scheduler`: vLLM V1 scheduling (FIFO, chunked prefill, preemption, LoRA budget).
+//!   `batch`: what each engine step computes, as vLLM V1's scheduler picks it (FIFO, chunked
+//!   prefill, preemption, LoRA budget).
 //! - `kv_manager`: per-request hashing, prefix hits, slot allocation, `BlockStored`;
 //!   `block_pool`: vLLM's block pool (null block, LRU free queue, `BlockRemoved`).
 //! - [`hashing`]: `sha256_cbor` / `xxhash_cbor` block hashes and NONE_HASH seeding.
@@ -23,6 +24,7 @@
 
 mod api;
 pub mod args;
+mod batch;
 mod block_pool;
 mod engine;
 mod fleet;
@@ -34,13 +36,12 @@ mod openai;
 mod prompt;
 mod publisher;
 mod render;
-mod scheduler;
 mod sse;
 mod vocab;
 
 pub use self::{
     api::TTFT_HEADER,
-    args::{BUNDLED_TOKENIZER, EventEncoding, SimArgs},
+    args::{BUNDLED_TOKENIZER, EventEncoding, LOOPBACK_FLAGS, SimArgs},
     fleet::{InstanceAddrs, Sim, run, start, start_with_prompts},
     hashing::{BlockHash, BlockHasher, EnvSource, ExtraKey, HashAlgo, ProcessEnv},
     kv_manager::LoraAdapter,

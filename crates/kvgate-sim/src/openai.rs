@@ -338,15 +338,26 @@ mod tests {
 
     #[test]
     fn params() {
-        let cases: Vec<(&str, &str, bool)> = vec![
-            ("plain", r#"{"model":"m","max_tokens":3}"#, true),
-            ("n=2 rejected", r#"{"n":2}"#, false),
-            ("empty salt rejected", r#"{"cache_salt":""}"#, false),
-            ("bad type", r#"{"max_tokens":"x"}"#, false),
-            ("not json", "{", false),
+        assert!(GenParams::parse(br#"{"model":"m","max_tokens":3}"#).is_ok());
+        // (name, body, the parameter named, a word of the message)
+        let cases: Vec<(&str, &str, Option<&str>, &str)> = vec![
+            ("n=2 rejected", r#"{"n":2}"#, Some("n"), "n=1"),
+            (
+                "empty salt rejected",
+                r#"{"cache_salt":""}"#,
+                Some("cache_salt"),
+                "cache_salt",
+            ),
+            ("bad type", r#"{"max_tokens":"x"}"#, None, "invalid type"),
+            ("not json", "{", None, "EOF"),
         ];
-        for (name, body, ok) in cases {
-            assert_eq!(GenParams::parse(body.as_bytes()).is_ok(), ok, "{name}");
+        for (name, body, param, word) in cases {
+            let Err(err) = GenParams::parse(body.as_bytes()) else {
+                panic!("{name}: accepted")
+            };
+            assert_eq!(err.status, StatusCode::BAD_REQUEST, "{name}");
+            assert_eq!(err.param, param, "{name}");
+            assert!(err.message.contains(word), "{name}: {}", err.message);
         }
         let p = GenParams::parse(br#"{"max_tokens":3,"max_completion_tokens":5,"stream":true,"stream_options":{"include_usage":true}}"#).unwrap();
         assert_eq!(p.requested_max_tokens(), Some(5));

@@ -344,7 +344,12 @@ mod tests {
             assert_eq!(resolve_endpoint(ep, off).map_err(|_| ()), want, "{name}");
         }
         for bad in ["5557", "ipc:///tmp/x", "tcp://host", "tcp://h:notaport"] {
-            assert!(resolve_endpoint(bad, 0).is_err(), "{bad}");
+            let err = resolve_endpoint(bad, 0).expect_err(bad).to_string();
+            assert_eq!(
+                err,
+                format!("kv events endpoint {bad}: expected tcp://host:port"),
+                "{bad}"
+            );
         }
     }
 

@@ -1,5 +1,7 @@
 //! `index.html`: the report's tables as HTML with the SVG charts inlined.
 
+use minijinja::HtmlEscape;
+
 use super::Table;
 
 /// The whole page. `extra` (markdown) is shown preformatted.
@@ -18,22 +20,25 @@ pub(super) fn page(tables: &[Table], extra: Option<&str>, svgs: &[&str]) -> Stri
          <a href=\"summary.md\">summary.md</a>.</p>\n",
     );
     for table in tables {
-        out.push_str(&format!("<h2>{}</h2>\n<table>\n<tr>", escape(&table.title)));
+        out.push_str(&format!(
+            "<h2>{}</h2>\n<table>\n<tr>",
+            HtmlEscape(&table.title)
+        ));
         for h in &table.header {
-            out.push_str(&format!("<th>{}</th>", escape(h)));
+            out.push_str(&format!("<th>{}</th>", HtmlEscape(h)));
         }
         out.push_str("</tr>\n");
         for row in &table.rows {
             out.push_str("<tr>");
             for cell in row {
-                out.push_str(&format!("<td>{}</td>", escape(cell)));
+                out.push_str(&format!("<td>{}</td>", HtmlEscape(cell)));
             }
             out.push_str("</tr>\n");
         }
         out.push_str("</table>\n");
     }
     if let Some(extra) = extra {
-        out.push_str(&format!("<pre>{}</pre>\n", escape(extra)));
+        out.push_str(&format!("<pre>{}</pre>\n", HtmlEscape(extra)));
     }
     for svg in svgs {
         out.push_str("<figure>\n");
@@ -51,34 +56,25 @@ fn strip_xml_declaration(svg: &str) -> &str {
     }
 }
 
-/// Escapes text for HTML element content and attribute values.
-pub(super) fn escape(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for c in text.chars() {
-        match c {
-            '&' => out.push_str("&amp;"),
-            '<' => out.push_str("&lt;"),
-            '>' => out.push_str("&gt;"),
-            '"' => out.push_str("&quot;"),
-            '\'' => out.push_str("&#39;"),
-            c => out.push(c),
-        }
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn escapes_and_strips() {
-        let cases = [
-            ("a<b>&\"c'", "a&lt;b&gt;&amp;&quot;c&#39;"),
-            ("plain", "plain"),
-        ];
-        for (input, want) in cases {
-            assert_eq!(escape(input), want);
+        let table = Table {
+            title: "a<b>".into(),
+            header: vec!["&\"c'"],
+            rows: vec![vec!["plain".into()]],
+        };
+        let html = page(&[table], Some("</pre>"), &[]);
+        for want in [
+            "<h2>a&lt;b&gt;</h2>",
+            "<th>&amp;&quot;c&#x27;</th>",
+            "<td>plain</td>",
+            "<pre>&lt;&#x2f;pre&gt;</pre>",
+        ] {
+            assert!(html.contains(want), "{want}: {html}");
         }
         assert_eq!(
             strip_xml_declaration("<?xml version=\"1.0\"?>\n<svg/>"),

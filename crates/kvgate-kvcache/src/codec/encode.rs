@@ -6,6 +6,11 @@
 //! default. The map header width is fixed by the number of *declared* fields: `BlockStored`
 //! declares 16 in 0.33 and so always gets a `map16` header (`de 00 0b` in the golden bytes).
 
+use std::convert::Infallible;
+
+use rmp::Marker;
+use rmp::encode::{self as mp, ByteBuf, ValueWriteError};
+
 use crate::event::{BlockHash, BlockRemoved, BlockStored, ExtraKey, KvEvent};
 
 /// Event encoding on the wire.
@@ -37,7 +42,7 @@ pub fn encode_batch_into(
     data_parallel_rank: Option<i64>,
     encoding: Encoding,
 ) {
-    let w = &mut Writer(out);
+    let w = &mut Writer(ByteBuf::from_vec(std::mem::take(out)));
     w.array_len(3);
     w.f64(ts);
     w.array_len(events.len());
@@ -59,9 +64,15 @@ pub fn encode_batch_into(
         }
     }
     w.opt(data_parallel_rank.as_ref(), |w, r| w.int(*r));
+    *out = std::mem::take(&mut w.0).into_vec();
 }
 
-fn stored_map(w: &mut Writer<'_>, s: &BlockStored) {
+/// A msgpack length: rmp takes `u32`, the widest length msgpack has.
+fn len32(n: usize) -> u32 {
+    u32::try_from(n).unwrap_or(u32::MAX)
+}
+
+fn stored_map(w: &mut Writer, s: &BlockStored) {
     let optional = [
         s.extra_keys.is_some(),
         s.group_idx.is_some(),
@@ -125,7 +136,7 @@ fn stored_map(w: &mut Writer<'_>, s: &BlockStored) {
     }
 }
 
-fn stored_array(w: &mut Writer<'_>, s: &BlockStored) {
+fn stored_array(w: &mut Writer, s: &BlockStored) {
     w.array_len(12);
     w.str("BlockStored");
     w.hashes(&s.block_hashes);
@@ -141,7 +152,7 @@ fn stored_array(w: &mut Writer<'_>, s: &BlockStored) {
     w.opt(s.kv_cache_spec_sliding_window.as_ref(), |w, v| w.int(*v));
 }
 
-fn removed_map(w: &mut Writer<'_>, r: &BlockRemoved) {
+fn removed_map(w: &mut Writer, r: &BlockRemoved) {
     let n = 3 + [
         r.group_idx.is_some(),
         r.locality.is_some(),
@@ -169,7 +180,7 @@ fn removed_map(w: &mut Writer<'_>, r: &BlockRemoved) {
     }
 }
 
-fn removed_array(w: &mut Writer<'_>, r: &BlockRemoved) {
+fn removed_array(w: &mut Writer, r: &BlockRemoved) {
     w.array_len(4);
     w.str("BlockRemoved");
     w.hashes(&r.block_hashes);
@@ -177,12 +188,23 @@ fn removed_array(w: &mut Writer<'_>, r: &BlockRemoved) {
     w.opt(r.group_idx.as_ref(), |w, v| w.int(*v));
 }
 
-/// Minimal msgpack writer with msgspec's format choices.
-struct Writer<'a>(&'a mut Vec<u8>);
+/// A msgpack writer with msgspec's format choices, over `rmp::encode` (whose writers already
+/// pick the smallest width, as msgspec does).
+struct Writer(ByteBuf);
 
-impl Writer<'_> {
+/// Writing into a [`ByteBuf`] cannot fail: its error type is uninhabited.
+fn infallible<T>(written: Result<T, ValueWriteError<Infallible>>) {
+    let Ok(_) = written;
+}
+
+/// Same for the writers whose error is the buffer's own.
+fn infallible_marker(written: Result<(), Infallible>) {
+    let Ok(()) = written;
+}
+
+impl Writer {
     fn nil(&mut self) {
-        self.0.push(0xc0);
+        infallible_marker(mp::write_nil(&mut self.0));
     }
 
     fn opt<T: ?Sized>(&mut self, v: Option<&T>, f: impl FnOnce(&mut Self, &T)) {
@@ -193,85 +215,38 @@ impl Writer<'_> {
     }
 
     fn f64(&mut self, v: f64) {
-        self.0.push(0xcb);
-        self.0.extend_from_slice(&v.to_be_bytes());
+        infallible(mp::write_f64(&mut self.0, v));
     }
 
     fn uint(&mut self, v: u64) {
-        if v < 0x80 {
-            self.0.push(v as u8);
-        } else if v <= u64::from(u8::MAX) {
-            self.0.extend_from_slice(&[0xcc, v as u8]);
-        } else if v <= u64::from(u16::MAX) {
-            self.0.push(0xcd);
-            self.0.extend_from_slice(&(v as u16).to_be_bytes());
-        } else if v <= u64::from(u32::MAX) {
-            self.0.push(0xce);
-            self.0.extend_from_slice(&(v as u32).to_be_bytes());
-        } else {
-            self.0.push(0xcf);
-            self.0.extend_from_slice(&v.to_be_bytes());
-        }
+        infallible(mp::write_uint(&mut self.0, v));
     }
 
     fn int(&mut self, v: i64) {
-        if v >= 0 {
-            self.uint(v as u64);
-        } else if v >= -32 {
-            self.0.push(v as u8);
-        } else if v >= i64::from(i8::MIN) {
-            self.0.extend_from_slice(&[0xd0, v as u8]);
-        } else if v >= i64::from(i16::MIN) {
-            self.0.push(0xd1);
-            self.0.extend_from_slice(&(v as i16).to_be_bytes());
-        } else if v >= i64::from(i32::MIN) {
-            self.0.push(0xd2);
-            self.0.extend_from_slice(&(v as i32).to_be_bytes());
-        } else {
-            self.0.push(0xd3);
-            self.0.extend_from_slice(&v.to_be_bytes());
-        }
-    }
-
-    fn len_header(&mut self, n: usize, fix: u8, fix_max: usize, m8: Option<u8>, m16: u8, m32: u8) {
-        if n < fix_max {
-            self.0.push(fix | n as u8);
-        } else if let (Some(m8), true) = (m8, n <= usize::from(u8::MAX)) {
-            self.0.extend_from_slice(&[m8, n as u8]);
-        } else if n <= usize::from(u16::MAX) {
-            self.0.push(m16);
-            self.0.extend_from_slice(&(n as u16).to_be_bytes());
-        } else {
-            self.0.push(m32);
-            self.0.extend_from_slice(&(n as u32).to_be_bytes());
-        }
+        infallible(mp::write_sint(&mut self.0, v));
     }
 
     fn str(&mut self, s: &str) {
-        self.len_header(s.len(), 0xa0, 32, Some(0xd9), 0xda, 0xdb);
-        self.0.extend_from_slice(s.as_bytes());
+        infallible(mp::write_str(&mut self.0, s));
     }
 
     fn bin(&mut self, b: &[u8]) {
-        if b.len() <= usize::from(u8::MAX) {
-            self.0.extend_from_slice(&[0xc4, b.len() as u8]);
-        } else {
-            self.len_header(b.len(), 0, 0, None, 0xc5, 0xc6);
-        }
-        self.0.extend_from_slice(b);
+        infallible(mp::write_bin(&mut self.0, b));
     }
 
     fn array_len(&mut self, n: usize) {
-        self.len_header(n, 0x90, 16, None, 0xdc, 0xdd);
+        infallible(mp::write_array_len(&mut self.0, len32(n)));
     }
 
     fn map_len(&mut self, n: usize) {
-        self.len_header(n, 0x80, 16, None, 0xde, 0xdf);
+        infallible(mp::write_map_len(&mut self.0, len32(n)));
     }
 
+    /// A `map16` header whatever `n` is (rmp would pick `fixmap` below 16).
     fn map16(&mut self, n: u16) {
-        self.0.push(0xde);
-        self.0.extend_from_slice(&n.to_be_bytes());
+        let out = self.0.as_mut_vec();
+        out.push(Marker::Map16.to_u8());
+        out.extend_from_slice(&n.to_be_bytes());
     }
 
     fn hash(&mut self, h: &BlockHash) {
@@ -312,6 +287,113 @@ impl Writer<'_> {
                     }
                 }
             });
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// msgspec's format choice at each width boundary (checked against msgspec 0.19).
+    #[test]
+    fn writer_widths_at_every_boundary() {
+        type Write = Box<dyn Fn(&mut Writer)>;
+        let s = |n: usize| -> Write { Box::new(move |w| w.str(&"s".repeat(n))) };
+        let cases: Vec<(&str, Write, String)> = vec![
+            ("nil", Box::new(|w| w.nil()), "c0".into()),
+            ("f64", Box::new(|w| w.f64(1.5)), "cb3ff8000000000000".into()),
+            ("uint 0", Box::new(|w| w.uint(0)), "00".into()),
+            ("uint 127", Box::new(|w| w.uint(127)), "7f".into()),
+            ("uint 128", Box::new(|w| w.uint(128)), "cc80".into()),
+            ("uint 255", Box::new(|w| w.uint(255)), "ccff".into()),
+            ("uint 256", Box::new(|w| w.uint(256)), "cd0100".into()),
+            ("uint 65535", Box::new(|w| w.uint(65535)), "cdffff".into()),
+            (
+                "uint 65536",
+                Box::new(|w| w.uint(65536)),
+                "ce00010000".into(),
+            ),
+            (
+                "uint u32 max",
+                Box::new(|w| w.uint(u64::from(u32::MAX))),
+                "ceffffffff".into(),
+            ),
+            (
+                "uint 2^32",
+                Box::new(|w| w.uint(1 << 32)),
+                "cf0000000100000000".into(),
+            ),
+            ("int 5", Box::new(|w| w.int(5)), "05".into()),
+            ("int 200", Box::new(|w| w.int(200)), "ccc8".into()),
+            (
+                "int i64 max",
+                Box::new(|w| w.int(i64::MAX)),
+                "cf7fffffffffffffff".into(),
+            ),
+            ("int -1", Box::new(|w| w.int(-1)), "ff".into()),
+            ("int -32", Box::new(|w| w.int(-32)), "e0".into()),
+            ("int -33", Box::new(|w| w.int(-33)), "d0df".into()),
+            ("int -128", Box::new(|w| w.int(-128)), "d080".into()),
+            ("int -129", Box::new(|w| w.int(-129)), "d1ff7f".into()),
+            ("int -32768", Box::new(|w| w.int(-32768)), "d18000".into()),
+            (
+                "int -32769",
+                Box::new(|w| w.int(-32769)),
+                "d2ffff7fff".into(),
+            ),
+            (
+                "int i32 min",
+                Box::new(|w| w.int(i64::from(i32::MIN))),
+                "d280000000".into(),
+            ),
+            (
+                "int below i32",
+                Box::new(|w| w.int(i64::from(i32::MIN) - 1)),
+                "d3ffffffff7fffffff".into(),
+            ),
+            ("str 0", s(0), "a0".into()),
+            ("str 31", s(31), format!("bf{}", "73".repeat(31))),
+            ("str 32", s(32), format!("d920{}", "73".repeat(32))),
+            ("str 255", s(255), format!("d9ff{}", "73".repeat(255))),
+            ("str 256", s(256), format!("da0100{}", "73".repeat(256))),
+            ("bin 0", Box::new(|w| w.bin(&[])), "c400".into()),
+            (
+                "bin 255",
+                Box::new(|w| w.bin(&[1; 255])),
+                format!("c4ff{}", "01".repeat(255)),
+            ),
+            (
+                "bin 256",
+                Box::new(|w| w.bin(&[1; 256])),
+                format!("c50100{}", "01".repeat(256)),
+            ),
+            (
+                "bin 65536",
+                Box::new(|w| w.bin(&[1; 65536])),
+                format!("c600010000{}", "01".repeat(65536)),
+            ),
+            ("array 15", Box::new(|w| w.array_len(15)), "9f".into()),
+            ("array 16", Box::new(|w| w.array_len(16)), "dc0010".into()),
+            (
+                "array 65536",
+                Box::new(|w| w.array_len(65536)),
+                "dd00010000".into(),
+            ),
+            ("map 15", Box::new(|w| w.map_len(15)), "8f".into()),
+            ("map 16", Box::new(|w| w.map_len(16)), "de0010".into()),
+            (
+                "map 65536",
+                Box::new(|w| w.map_len(65536)),
+                "df00010000".into(),
+            ),
+            ("map16 of 3", Box::new(|w| w.map16(3)), "de0003".into()),
+        ];
+        for (name, write, want) in cases {
+            let mut w = Writer(ByteBuf::new());
+            write(&mut w);
+            let got: String = w.0.as_slice().iter().map(|b| format!("{b:02x}")).collect();
+            assert_eq!(got, want, "{name}");
         }
     }
 }

@@ -386,13 +386,24 @@ fn decode_extra_keys_shapes() {
 #[test]
 fn decode_rejects_garbage_without_panicking() {
     let golden = hex(GOLDEN_MAP);
-    let mut cases: Vec<(String, Vec<u8>)> = vec![
-        ("empty".into(), vec![]),
-        ("garbage".into(), b"\xc1\xc1\xc1 not msgpack".to_vec()),
-        ("scalar".into(), mp(rmpv::Value::from(5))),
+    let msgpack = "invalid msgpack payload";
+    let mut cases: Vec<(String, Vec<u8>, &str)> = vec![
+        ("empty".into(), vec![], msgpack),
+        (
+            // rmpv reads the reserved marker 0xc1 as a value of its own.
+            "garbage".into(),
+            b"\xc1\xc1\xc1 not msgpack".to_vec(),
+            "14 trailing bytes after the batch",
+        ),
+        (
+            "scalar".into(),
+            mp(rmpv::Value::from(5)),
+            "payload is not an event batch: neither array nor map",
+        ),
         (
             "1-element array".into(),
             mp(rmpv::Value::Array(vec![rmpv::Value::F64(0.0)])),
+            "payload is not an event batch: array batch must have 2 or 3 elements",
         ),
         (
             "events not array".into(),
@@ -401,19 +412,48 @@ fn decode_rejects_garbage_without_panicking() {
                 rmpv::Value::from(1),
                 rmpv::Value::Nil,
             ])),
+            "payload is not an event batch: events is not an array",
         ),
-        ("trailing bytes".into(), [golden.clone(), vec![0]].concat()),
+        (
+            "ts not a number".into(),
+            mp(rmpv::Value::Array(vec![
+                s("x"),
+                rmpv::Value::Array(vec![]),
+                rmpv::Value::Nil,
+            ])),
+            "payload is not an event batch: ts is not a number",
+        ),
+        (
+            "rank not an int".into(),
+            mp(rmpv::Value::Array(vec![
+                rmpv::Value::F64(0.0),
+                rmpv::Value::Array(vec![]),
+                s("r"),
+            ])),
+            "payload is not an event batch: data_parallel_rank is not an int",
+        ),
+        (
+            "trailing bytes".into(),
+            [golden.clone(), vec![0]].concat(),
+            "1 trailing bytes after the batch",
+        ),
         (
             "huge declared array".into(),
             vec![0xdd, 0xff, 0xff, 0xff, 0xff],
+            msgpack,
         ),
-        ("deep nesting".into(), vec![0x91; 100_000]),
+        ("deep nesting".into(), vec![0x91; 100_000], msgpack),
     ];
     // Every truncation of the golden frame must fail cleanly.
     for cut in 0..golden.len() {
-        cases.push((format!("truncated at {cut}"), golden[..cut].to_vec()));
+        cases.push((
+            format!("truncated at {cut}"),
+            golden[..cut].to_vec(),
+            msgpack,
+        ));
     }
-    for (name, payload) in cases {
-        assert!(decode_batch(&payload).is_err(), "{name}");
+    for (name, payload, want) in cases {
+        let err = decode_batch(&payload).expect_err(&name).to_string();
+        assert!(err.starts_with(want), "{name}: {err:?}");
     }
 }

@@ -13,32 +13,11 @@ use serde_json::Value;
 
 pub(crate) const MODEL: &str = "Qwen/Qwen3-0.6B";
 
+/// A loopback fleet's flags: fast prefill, 0.2 ms per token, then `extra` (which may
+/// override them).
 pub(crate) fn sim_args(extra: &[&str]) -> SimArgs {
-    use clap::Parser;
-    #[derive(Parser)]
-    struct W {
-        #[command(flatten)]
-        a: SimArgs,
-    }
-    let base = [
-        "sim",
-        "--port",
-        "0",
-        "--kv-events-endpoint",
-        "tcp://127.0.0.1:0",
-        "--kv-events-replay-endpoint",
-        "tcp://127.0.0.1:0",
-        "--prefill-base-ms",
-        "1",
-    ];
-    let itl: &[&str] = if extra.contains(&"--itl-ms") {
-        &[]
-    } else {
-        &["--itl-ms", "0.2"]
-    };
-    W::try_parse_from(base.iter().chain(itl).chain(extra.iter()))
-        .unwrap()
-        .a
+    let base = ["--prefill-base-ms", "1", "--itl-ms", "0.2"];
+    SimArgs::loopback(base.iter().chain(extra)).unwrap()
 }
 
 pub(crate) async fn fleet(extra: &[&str]) -> Sim {
@@ -155,4 +134,22 @@ pub(crate) async fn admin_json(proxy: &RunningProxy, path: &str) -> Value {
     let bytes = resp.into_body().collect().await.unwrap().to_bytes();
     serde_json::from_slice(&bytes)
         .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&bytes)))
+}
+
+/// One numeric field of every endpoint in `proxy`'s `/debug/state.json`, by name, sorted.
+pub(crate) async fn endpoint_counts(proxy: &RunningProxy, field: &str) -> Vec<(String, u64)> {
+    let state = admin_json(proxy, "/debug/state.json").await;
+    let mut out: Vec<(String, u64)> = state["endpoints"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            (
+                e["name"].as_str().unwrap().to_owned(),
+                e[field].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    out.sort();
+    out
 }

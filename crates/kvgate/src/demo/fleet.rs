@@ -3,7 +3,6 @@
 use std::collections::HashMap;
 
 use anyhow::Context;
-use clap::Parser;
 use kvgate_sim::{BUNDLED_TOKENIZER, Sim, SimArgs};
 
 /// Engines in the simulated fleet.
@@ -126,40 +125,23 @@ fn models_yaml(model: &str, bundled: bool) -> String {
 
 /// The sim flags: loopback, free ports, KV events with replay, and `shape`.
 fn sim_args(model: &str, shape: SimShape) -> anyhow::Result<SimArgs> {
-    #[derive(Parser)]
-    struct Wrap {
-        #[command(flatten)]
-        args: SimArgs,
-    }
-    let instances = INSTANCES.to_string();
-    let blocks = shape.gpu_blocks.to_string();
-    let prefill = shape.prefill_tokens_per_s.to_string();
-    let base = shape.prefill_base_ms.to_string();
-    let itl = shape.itl_ms.to_string();
-    let argv = [
-        "sim",
-        "--model",
-        model,
-        "--instances",
-        &instances,
-        "--port",
-        "0",
-        "--kv-events-endpoint",
-        "tcp://127.0.0.1:0",
-        "--kv-events-replay-endpoint",
-        "tcp://127.0.0.1:0",
-        "--num-gpu-blocks",
-        &blocks,
-        "--prefill-tokens-per-s",
-        &prefill,
-        "--prefill-base-ms",
-        &base,
-        "--itl-ms",
-        &itl,
+    let flags = [
+        ("--model", model.to_owned()),
+        ("--instances", INSTANCES.to_string()),
+        ("--num-gpu-blocks", shape.gpu_blocks.to_string()),
+        (
+            "--prefill-tokens-per-s",
+            shape.prefill_tokens_per_s.to_string(),
+        ),
+        ("--prefill-base-ms", shape.prefill_base_ms.to_string()),
+        ("--itl-ms", shape.itl_ms.to_string()),
     ];
-    Ok(Wrap::try_parse_from(argv)
-        .context("building the simulator flags")?
-        .args)
+    SimArgs::loopback(
+        flags
+            .into_iter()
+            .flat_map(|(flag, value)| [flag.to_owned(), value]),
+    )
+    .context("building the simulator flags")
 }
 
 #[cfg(test)]

@@ -1,12 +1,11 @@
 //! The routing policies the demo compares, the setups it runs them in (one router, or
 //! several replicas of it), and an in-process router per replica.
 
-use std::{sync::Arc, time::Duration};
+use std::time::Duration;
 
 use anyhow::Context;
-use kvgate_proxy::{FileConfig, Proxy, ProxyConfig};
-use prometheus_client::registry::Registry;
-use tokio::{net::TcpListener, sync::oneshot, task::JoinHandle, time::Instant};
+use kvgate_proxy::{FileConfig, ProxyConfig, loopback::RunningProxy};
+use tokio::time::Instant;
 
 /// A routing policy: a scheduler profile.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -112,12 +111,11 @@ impl Setup {
     }
 }
 
-/// A router serving on a loopback port until [`Router::stop`].
+/// A router serving on loopback ports until [`Router::stop`].
 pub(crate) struct Router {
     /// `http://127.0.0.1:PORT`.
     pub(crate) url: String,
-    stop: oneshot::Sender<()>,
-    task: JoinHandle<std::io::Result<()>>,
+    running: RunningProxy,
 }
 
 impl Router {
@@ -146,25 +144,13 @@ impl Router {
             config.add_endpoint_flag(flag)?;
         }
         config.default_endpoint_models();
-        let mut registry = Registry::default();
-        let proxy = Proxy::new(config, registry.sub_registry_with_prefix("kvgate"))?;
-        let listener = TcpListener::bind("127.0.0.1:0").await?;
-        let admin = TcpListener::bind("127.0.0.1:0").await?;
-        let url = format!("http://{}", listener.local_addr()?);
-        let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(kvgate_proxy::run(
-            listener,
-            admin,
-            proxy.clone(),
-            Arc::new(registry),
-            async move {
-                let _ = stopped.await;
-            },
-        ));
+        let running = RunningProxy::launch(config)
+            .await
+            .with_context(|| format!("router {}", policy.name()))?;
         let deadline = Instant::now() + ready_within;
-        while !proxy.is_ready() {
+        while !running.proxy.is_ready() {
             if Instant::now() >= deadline {
-                let _ = stop.send(());
+                let _ = running.stop().await;
                 anyhow::bail!(
                     "router {}: no endpoint became healthy within {ready_within:?}",
                     policy.name()
@@ -172,7 +158,16 @@ impl Router {
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        Ok(Router { url, stop, task })
+        Ok(Router {
+            url: running.url(),
+            running,
+        })
+    }
+
+    /// `http://127.0.0.1:PORT` of the router's admin server (`/metrics`).
+    #[cfg(test)]
+    pub(crate) fn admin_url(&self) -> String {
+        self.running.admin_url()
     }
 
     /// Stops the router and waits for it to finish.
@@ -180,15 +175,61 @@ impl Router {
     /// # Errors
     /// When the server failed.
     pub(crate) async fn stop(self) -> anyhow::Result<()> {
-        let _ = self.stop.send(());
-        self.task.await??;
+        self.running.stop().await?;
         Ok(())
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    use super::super::fleet::{Engines, SimShape};
     use super::*;
+
+    /// `GET path` over HTTP/1.0 (no chunking); returns the whole response.
+    async fn get(base: &str, path: &str) -> String {
+        let addr = base.trim_start_matches("http://");
+        let mut conn = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let req = format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n");
+        conn.write_all(req.as_bytes()).await.unwrap();
+        let mut out = String::new();
+        conn.read_to_string(&mut out).await.unwrap();
+        out
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn router_metrics_are_named_kvgate_once() {
+        let shape = SimShape {
+            gpu_blocks: 256,
+            prefill_tokens_per_s: 0.0,
+            prefill_base_ms: 1.0,
+            itl_ms: 0.2,
+        };
+        let engines = Engines::simulated("m", shape).await.unwrap();
+        let within = Duration::from_secs(30);
+        let router = Router::start(Policy::RoundRobin, engines.yaml(false), &[], within)
+            .await
+            .unwrap();
+        let metrics = get(&router.admin_url(), "/metrics").await;
+        let families: Vec<&str> = metrics
+            .lines()
+            .filter_map(|line| line.strip_prefix("# TYPE "))
+            .filter_map(|line| line.split_whitespace().next())
+            .collect();
+        assert!(
+            families.contains(&"kvgate_requests_in_flight"),
+            "no kvgate_requests_in_flight in:\n{metrics}"
+        );
+        for family in families {
+            assert!(
+                family.starts_with("kvgate_") && !family.starts_with("kvgate_kvgate_"),
+                "{family}"
+            );
+        }
+        router.stop().await.unwrap();
+        engines.shutdown().await;
+    }
 
     #[test]
     fn every_policy_yaml_parses() {

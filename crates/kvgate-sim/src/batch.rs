@@ -1,4 +1,5 @@
-//! vLLM V1-style scheduling: running requests first (one decode token or the next prefill
+//! The batch of each engine step, as vLLM V1's `Scheduler` builds it (named apart from the
+//! router's scheduling): running requests first (one decode token or the next prefill
 //! chunk each), preempting the newest running request when blocks run out, then FIFO
 //! admission from the waiting queue within `max_num_seqs`, the token budget
 //! (`max_num_batched_tokens`, chunked prefill) and the LoRA budget (`max_loras`).
@@ -30,15 +31,15 @@ pub(crate) struct SimRequest {
 
 /// What one step computes for one request.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct Scheduled {
+pub(crate) struct BatchItem {
     pub(crate) id: u64,
     pub(crate) num_new_tokens: usize,
     pub(crate) is_prefill: bool,
 }
 
-/// Scheduler limits.
+/// Limits on one step's batch (vLLM's scheduler config).
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct SchedulerLimits {
+pub(crate) struct BatchLimits {
     pub(crate) max_num_seqs: usize,
     pub(crate) max_num_batched_tokens: usize,
     pub(crate) max_loras: usize,
@@ -52,19 +53,20 @@ pub(crate) struct StepCounters {
     pub(crate) preemptions: u64,
 }
 
+/// Builds each step's batch from the running and waiting requests (vLLM's `Scheduler`).
 #[derive(Debug)]
-pub(crate) struct Scheduler {
+pub(crate) struct Batcher {
     pub(crate) kv: KvManager,
-    limits: SchedulerLimits,
+    limits: BatchLimits,
     reqs: HashMap<u64, SimRequest>,
     pub(crate) running: Vec<u64>,
     pub(crate) waiting: VecDeque<u64>,
     pub(crate) counters: StepCounters,
 }
 
-impl Scheduler {
-    pub(crate) fn new(kv: KvManager, limits: SchedulerLimits) -> Scheduler {
-        Scheduler {
+impl Batcher {
+    pub(crate) fn new(kv: KvManager, limits: BatchLimits) -> Batcher {
+        Batcher {
             kv,
             limits,
             reqs: HashMap::new(),
@@ -114,7 +116,7 @@ impl Scheduler {
     }
 
     /// Builds the next step.
-    pub(crate) fn schedule(&mut self) -> Vec<Scheduled> {
+    pub(crate) fn next_batch(&mut self) -> Vec<BatchItem> {
         let mut budget = self.limits.max_num_batched_tokens.max(1);
         let mut out = Vec::new();
         let mut preempted = false;
@@ -128,7 +130,7 @@ impl Scheduler {
             let is_prefill = r.kv.num_computed < r.prompt_len;
             let n = (r.kv.tokens.len() - r.kv.num_computed).min(budget);
             if self.kv.allocate_slots(&mut r.kv, n, &[]) {
-                out.push(Scheduled {
+                out.push(BatchItem {
                     id,
                     num_new_tokens: n,
                     is_prefill,
@@ -184,7 +186,7 @@ impl Scheduler {
             }
             self.waiting.remove(j);
             self.running.push(id);
-            out.push(Scheduled {
+            out.push(BatchItem {
                 id,
                 num_new_tokens: n,
                 is_prefill: true,
@@ -199,7 +201,7 @@ impl Scheduler {
     /// Returns (first-token latencies, finished infos) for metrics.
     pub(crate) fn update_from_output(
         &mut self,
-        step: &[Scheduled],
+        step: &[BatchItem],
         now: Duration,
         vocab: &OutputVocab,
     ) -> StepResult {

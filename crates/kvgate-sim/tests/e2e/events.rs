@@ -1,0 +1,142 @@
+//! KV events: eviction and replay on the wire.
+
+use super::*;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn eviction_emits_block_removed_for_exactly_the_evicted_hashes() {
+    // 9 blocks = null + 8 usable; 16-token blocks; token-id prompts make the counts exact.
+    let sim = sim(&["--num-gpu-blocks", "9"]).await;
+    let http = sim.instances()[0].http;
+    let mut sub = subscribe(&sim).await;
+    // Warm-up left hashed blocks in the cache; clear it so the pool state is known.
+    let r = post(http, "/reset_prefix_cache", json!({})).await;
+    assert_eq!(r.json()["success"], true);
+    let (_, b) = recv_batch(&mut sub).await.unwrap();
+    assert_eq!(b.events, vec![KvEvent::AllBlocksCleared]);
+
+    let mut stored: Vec<Vec<u64>> = Vec::new();
+    for (base, blocks) in [(1000u32, 4u32), (2000, 4)] {
+        let prompt: Vec<u32> = (base..base + blocks * 16).collect();
+        let r = post(
+            http,
+            "/v1/completions",
+            json!({"prompt": prompt, "max_tokens": 1}),
+        )
+        .await;
+        assert_eq!(r.status, 200);
+        let (_, b) = recv_batch(&mut sub).await.unwrap();
+        let KvEvent::BlockStored(s) = &b.events[0] else {
+            panic!("{:?}", b.events)
+        };
+        assert_eq!(s.token_ids, prompt);
+        assert_eq!(s.parent_block_hash, None);
+        stored.push(s.block_hashes.iter().map(|h| h.to_u64()).collect());
+    }
+    // A needs 4 blocks; B took the 4 never-used ones. C (3 blocks) evicts A's tail first.
+    let c: Vec<u32> = (3000..3048).collect();
+    let r = post(
+        http,
+        "/v1/completions",
+        json!({"prompt": c, "max_tokens": 1}),
+    )
+    .await;
+    assert_eq!(r.status, 200);
+    let (_, b) = recv_batch(&mut sub).await.unwrap();
+    let removed: Vec<u64> = b
+        .events
+        .iter()
+        .filter_map(|e| match e {
+            KvEvent::BlockRemoved(r) => Some(
+                r.block_hashes
+                    .iter()
+                    .map(|h| h.to_u64())
+                    .collect::<Vec<_>>(),
+            ),
+            _ => None,
+        })
+        .flatten()
+        .collect();
+    let a = &stored[0];
+    assert_eq!(
+        removed,
+        vec![a[3], a[2], a[1]],
+        "LRU tail-first eviction of A"
+    );
+    // A again: only its first block survived.
+    let prompt: Vec<u32> = (1000..1064).collect();
+    let r = post(
+        http,
+        "/v1/completions",
+        json!({"prompt": prompt, "max_tokens": 1}),
+    )
+    .await;
+    assert_eq!(
+        r.json()["usage"]["prompt_tokens_details"]["cached_tokens"],
+        16
+    );
+    let m = metrics(http).await;
+    assert!(metric(&m, "vllm:prefix_cache_hits_total") >= 16.0);
+    sim.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replay_returns_the_live_batches_then_end_marker() {
+    let sim = sim(&[]).await;
+    let inst = sim.instances()[0].clone();
+    let mut sub = subscribe(&sim).await;
+    let mut live = Vec::new();
+    for i in 0..3u32 {
+        let prompt: Vec<u32> = (0..40).map(|t| 9000 + i * 100 + t).collect();
+        let r = post(
+            inst.http,
+            "/v1/completions",
+            json!({"prompt": prompt, "max_tokens": 20}),
+        )
+        .await;
+        assert_eq!(r.status, 200);
+    }
+    // 3 prompts × (2 prompt blocks + decode blocks) → several batches; collect until quiet.
+    while let Ok(Ok(m)) = tokio::time::timeout(Duration::from_millis(300), sub.recv()).await {
+        let f = m.into_vec();
+        live.push((
+            u64::from_be_bytes(f[1][..8].try_into().unwrap()),
+            f[2].clone(),
+        ));
+    }
+    assert!(live.len() >= 3);
+    for w in live.windows(2) {
+        assert_eq!(w[1].0, w[0].0 + 1, "consecutive seqs");
+    }
+    let mut dealer = DealerSocket::new();
+    dealer
+        .connect(inst.events[0].replay.as_ref().unwrap())
+        .await
+        .unwrap();
+    let start = live[0].0;
+    let req = ZmqMessage::try_from(vec![
+        Bytes::new(),
+        Bytes::copy_from_slice(&start.to_be_bytes()),
+    ])
+    .unwrap();
+    dealer.send(req).await.unwrap();
+    let mut replayed = Vec::new();
+    loop {
+        let m = tokio::time::timeout(Duration::from_secs(5), dealer.recv())
+            .await
+            .unwrap()
+            .unwrap()
+            .into_vec();
+        assert_eq!(m.len(), 4, "['', topic, seq, payload]");
+        assert!(m[0].is_empty());
+        if m[2].as_ref() == kvgate_sim::END_SEQ {
+            assert!(m[3].is_empty());
+            break;
+        }
+        replayed.push((
+            u64::from_be_bytes(m[2][..8].try_into().unwrap()),
+            m[3].clone(),
+        ));
+    }
+    assert_eq!(replayed, live, "replayed batches equal the live ones");
+    sim.shutdown().await;
+}

@@ -1,0 +1,202 @@
+//! Streaming, the API surface and its errors, fleets and injected failures.
+
+use super::*;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streaming_chunks_like_vllm() {
+    let sim = sim(&[]).await;
+    let http = sim.instances()[0].http;
+    let mut body = chat("hello there");
+    body["stream"] = json!(true);
+    body["stream_options"] = json!({"include_usage": true});
+    let r = post(http, "/v1/chat/completions", body).await;
+    assert_eq!(r.status, 200);
+    assert!(
+        r.headers["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("text/event-stream")
+    );
+    let text = String::from_utf8(r.body.to_vec()).unwrap();
+    let events: Vec<&str> = text.split("\n\n").filter(|e| !e.is_empty()).collect();
+    assert!(events.iter().all(|e| e.starts_with("data: ")));
+    assert_eq!(*events.last().unwrap(), "data: [DONE]");
+    let chunks: Vec<Value> = events[..events.len() - 1]
+        .iter()
+        .map(|e| serde_json::from_str(&e["data: ".len()..]).unwrap())
+        .collect();
+    // role chunk + 4 tokens + usage chunk
+    assert_eq!(chunks.len(), 6);
+    assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+    assert_eq!(chunks[4]["choices"][0]["finish_reason"], "length");
+    assert!(chunks[1]["choices"][0]["finish_reason"].is_null());
+    assert_eq!(chunks[5]["choices"], json!([]));
+    assert_eq!(chunks[5]["usage"]["completion_tokens"], 4);
+    assert!(
+        chunks
+            .iter()
+            .all(|c| c["object"] == "chat.completion.chunk" && c["id"] == chunks[0]["id"])
+    );
+    sim.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn api_surface_and_errors() {
+    let sim = sim(&[
+        "--served-model-name",
+        "qwen",
+        "--lora-modules",
+        "ad=/loras/ad",
+    ])
+    .await;
+    let http = sim.instances()[0].http;
+    // (name, path, body, status, error type, a word of the message naming what is wrong)
+    let cases: Vec<(&str, &str, Value, u16, &str, &str)> = vec![
+        (
+            "unknown model",
+            "/v1/chat/completions",
+            json!({"model": "nope", "messages": [{"role": "user", "content": "x"}]}),
+            404,
+            "NotFoundError",
+            "`nope`",
+        ),
+        (
+            "bad json type",
+            "/v1/completions",
+            json!({"model": "qwen", "prompt": "x", "max_tokens": "lots"}),
+            400,
+            "BadRequestError",
+            "\"lots\"",
+        ),
+        (
+            "no prompt",
+            "/v1/completions",
+            json!({"model": "qwen"}),
+            400,
+            "BadRequestError",
+            "prompt",
+        ),
+        (
+            "too long",
+            "/v1/completions",
+            json!({"model": "qwen", "prompt": "x", "max_tokens": 100000}),
+            400,
+            "BadRequestError",
+            "'max_tokens'",
+        ),
+    ];
+    for (name, path, body, status, kind, word) in cases {
+        let r = post(http, path, body).await;
+        assert_eq!(
+            r.status,
+            status,
+            "{name}: {}",
+            String::from_utf8_lossy(&r.body)
+        );
+        let v = r.json();
+        assert_eq!(v["error"]["type"], kind, "{name}");
+        assert_eq!(v["error"]["code"], status, "{name}");
+        let message = v["error"]["message"].as_str().unwrap_or_default();
+        assert!(message.contains(word), "{name}: {message}");
+    }
+    let models = request(http, "GET", "/v1/models", None).await.json();
+    let ids: Vec<&str> = models["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, vec!["qwen", "ad"]);
+    assert_eq!(request(http, "GET", "/health", None).await.status, 200);
+
+    let msgs = json!([{"role": "user", "content": "What is 2+2?"}]);
+    let render = post(
+        http,
+        "/v1/chat/completions/render",
+        json!({"model": "qwen", "messages": msgs}),
+    )
+    .await
+    .json();
+    let tok = post(
+        http,
+        "/tokenize",
+        json!({"model": "qwen", "messages": msgs}),
+    )
+    .await
+    .json();
+    assert_eq!(render["token_ids"], tok["tokens"]);
+    assert_eq!(tok["count"], tok["tokens"].as_array().unwrap().len());
+    assert!(
+        render["request_id"]
+            .as_str()
+            .unwrap()
+            .starts_with("chatcmpl-")
+    );
+    let list = post(
+        http,
+        "/v1/completions/render",
+        json!({"model": "qwen", "prompt": ["a b", "c"]}),
+    )
+    .await
+    .json();
+    assert_eq!(list.as_array().unwrap().len(), 2);
+    // The generated chat reports the same prompt size as render.
+    let generated = post(
+        http,
+        "/v1/chat/completions",
+        json!({"model": "ad", "messages": msgs, "max_tokens": 2}),
+    )
+    .await
+    .json();
+    assert_eq!(
+        generated["usage"]["prompt_tokens"],
+        render["token_ids"].as_array().unwrap().len()
+    );
+    assert_eq!(generated["model"], "ad");
+    let m = metrics(http).await;
+    assert!(
+        m.keys()
+            .any(|k| k.starts_with("vllm:lora_requests_info{max_lora=\"1\""))
+    );
+    sim.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fleet_and_fail_after() {
+    let sim = sim(&[
+        "--instances",
+        "2",
+        "--data-parallel-size",
+        "2",
+        "--fail-after",
+        "1",
+    ])
+    .await;
+    assert_eq!(sim.instances().len(), 2);
+    assert!(sim.instances().iter().all(|i| i.events.len() == 2));
+    let http = sim.instances()[1].http;
+    let ok = post(
+        http,
+        "/v1/completions",
+        json!({"prompt": "hi", "max_tokens": 1}),
+    )
+    .await;
+    assert_eq!(ok.status, 200);
+    let dead = post(
+        http,
+        "/v1/completions",
+        json!({"prompt": "hi", "max_tokens": 1}),
+    )
+    .await;
+    assert_eq!(dead.status, 500);
+    assert_eq!(request(http, "GET", "/health", None).await.status, 503);
+    // The other instance is independent.
+    let other = sim.instances()[0].http;
+    assert_eq!(request(other, "GET", "/health", None).await.status, 200);
+    let m = metrics(other).await;
+    assert!(
+        m.keys().any(|k| k.contains("engine=\"1\"")),
+        "one series per DP rank"
+    );
+    sim.shutdown().await;
+}
