@@ -18,10 +18,15 @@
 //!   over the endpoint's recent responses (1 until a prediction was checked). Below 1, the
 //!   engine is evicting what the index says it holds (its KV is overcommitted, or events lag),
 //!   and a cost scorer should expect only that share of a predicted hit.
+//!
+//! Router replicas share these counters through a [`LoadSink`]: each replica tells the sink
+//! what it dispatched, and applies what the others dispatched with
+//! [`EndpointState::begin_remote_request`], so every replica sees the fleet's whole in-flight
+//! load (the `kvgate-replica` crate carries it between processes).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 use kvgate_kvcache::BlockKeys;
 
@@ -29,6 +34,34 @@ use crate::endpoint::EndpointState;
 
 /// Process-wide pick sequence (1, 2, …); 0 means never picked.
 static PICK_SEQ: AtomicU64 = AtomicU64::new(0);
+
+/// Process-wide request sequence for [`LoadSink`] ids (unique within this process).
+static SHARE_SEQ: AtomicU64 = AtomicU64::new(0);
+
+/// Hears this router's own in-flight changes, to share them with other router replicas.
+/// Called on the request path: an implementation must not block.
+pub trait LoadSink: Send + Sync + std::fmt::Debug {
+    /// Request `id` was dispatched to the endpoint named `endpoint` (`host:port`).
+    fn begin(&self, id: u64, endpoint: &str, load: &SharedLoad);
+    /// Request `id` reached its first response byte (prefill done).
+    fn prefill_done(&self, id: u64);
+    /// Request `id` ended (on every exit path).
+    fn end(&self, id: u64);
+}
+
+/// What one request adds to an endpoint's load, as a [`LoadSink`] hears it and as
+/// [`EndpointState::begin_remote_request`] applies it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SharedLoad {
+    /// Uncached prompt tokens (prefill work).
+    pub uncached_tokens: u64,
+    /// Whole prompt tokens.
+    pub prompt_tokens: u64,
+    /// Block size of `keys` (0 without keys).
+    pub block_size: u32,
+    /// The prompt's block keys, pinned as active KV.
+    pub keys: Vec<u64>,
+}
 
 /// Weight of the newest response in the realized share.
 const REALIZED_SHARE_WEIGHT: f64 = 0.25;
@@ -51,6 +84,8 @@ pub(crate) struct EndpointLoad {
     active_block_size: AtomicU64,
     /// In-flight prompt tokens past their keyed blocks.
     active_extra_tokens: AtomicU64,
+    /// Where this router's own requests are shared with its replicas (none: not shared).
+    sink: OnceLock<Arc<dyn LoadSink>>,
 }
 
 impl Default for EndpointLoad {
@@ -67,6 +102,7 @@ impl Default for EndpointLoad {
             active_blocks: AtomicU64::new(0),
             active_block_size: AtomicU64::new(0),
             active_extra_tokens: AtomicU64::new(0),
+            sink: OnceLock::new(),
         }
     }
 }
@@ -192,6 +228,51 @@ impl EndpointState {
         prompt_tokens: u64,
         keys: Option<Arc<BlockKeys>>,
     ) -> InFlightGuard {
+        let mut guard = self.begin(uncached_tokens, prompt_tokens, keys);
+        if let Some(sink) = self.load.sink.get() {
+            let id = SHARE_SEQ.fetch_add(1, Ordering::Relaxed) + 1;
+            let shared = SharedLoad {
+                uncached_tokens,
+                prompt_tokens,
+                block_size: guard.keys.as_ref().map_or(0, |k| k.block_size),
+                keys: guard
+                    .keys
+                    .as_ref()
+                    .map_or_else(Vec::new, |k| k.keys.iter().map(|k| k.0).collect()),
+            };
+            sink.begin(id, self.name(), &shared);
+            guard.shared = Some((Arc::clone(sink), id));
+        }
+        guard
+    }
+
+    /// Counts a request another router replica dispatched here, as it reported it; the guard
+    /// is not shared again. Stamps the pick, as the replica did.
+    pub fn begin_remote_request(self: &Arc<Self>, load: &SharedLoad) -> InFlightGuard {
+        let keys = (!load.keys.is_empty()).then(|| {
+            Arc::new(BlockKeys {
+                keys: load
+                    .keys
+                    .iter()
+                    .map(|k| kvgate_kvcache::BlockKey(*k))
+                    .collect(),
+                block_size: load.block_size,
+            })
+        });
+        self.begin(load.uncached_tokens, load.prompt_tokens, keys)
+    }
+
+    /// Shares this endpoint's future requests through `sink` (the first sink set stays).
+    pub fn share_load(&self, sink: Arc<dyn LoadSink>) {
+        let _ = self.load.sink.set(sink);
+    }
+
+    fn begin(
+        self: &Arc<Self>,
+        uncached_tokens: u64,
+        prompt_tokens: u64,
+        keys: Option<Arc<BlockKeys>>,
+    ) -> InFlightGuard {
         let l = &self.load;
         l.requests.fetch_add(1, Ordering::Relaxed);
         l.uncached_tokens
@@ -216,6 +297,7 @@ impl EndpointState {
             prefilling: true,
             keys,
             extra,
+            shared: None,
         }
     }
 
@@ -246,6 +328,8 @@ pub struct InFlightGuard {
     prefilling: bool,
     keys: Option<Arc<BlockKeys>>,
     extra: u64,
+    /// The sink that heard of this request, and its id there.
+    shared: Option<(Arc<dyn LoadSink>, u64)>,
 }
 
 impl InFlightGuard {
@@ -265,6 +349,14 @@ impl InFlightGuard {
         l.prefill_requests.fetch_sub(1, Ordering::Relaxed);
         l.prefill_tokens.fetch_sub(self.uncached, Ordering::Relaxed);
         l.decode_tokens.fetch_add(self.prompt, Ordering::Relaxed);
+        if let Some((sink, id)) = &self.shared {
+            sink.prefill_done(*id);
+        }
+    }
+
+    /// Whether the request is still prefilling (before its first response byte).
+    pub fn is_prefilling(&self) -> bool {
+        self.prefilling
     }
 }
 
@@ -284,6 +376,9 @@ impl Drop for InFlightGuard {
             .fetch_sub(self.extra, Ordering::Relaxed);
         if let Some(k) = &self.keys {
             l.unpin(k);
+        }
+        if let Some((sink, id)) = &self.shared {
+            sink.end(*id);
         }
     }
 }

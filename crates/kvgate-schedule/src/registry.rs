@@ -160,6 +160,21 @@ struct Entry {
     scrape: CancellationToken,
 }
 
+impl RegistryHandles {
+    /// A fresh default KV index, metrics registered nowhere and a new cancel token: a
+    /// registry of its own (tests, tools).
+    pub fn unregistered() -> RegistryHandles {
+        RegistryHandles {
+            kv_index: KvIndex::new(
+                kvgate_kvcache::IndexConfig::default(),
+                kvgate_kvcache::KvMetrics::unregistered(),
+            ),
+            metrics: ScheduleMetrics::unregistered(),
+            cancel: CancellationToken::new(),
+        }
+    }
+}
+
 /// The endpoint set and its background tasks.
 #[derive(Debug)]
 pub struct EndpointRegistry {
@@ -171,6 +186,7 @@ pub struct EndpointRegistry {
     entries: Mutex<HashMap<String, Entry>>,
     current: ArcSwap<Vec<Arc<EndpointState>>>,
     sweep: CancellationToken,
+    load_sink: std::sync::OnceLock<Arc<dyn crate::LoadSink>>,
 }
 
 impl EndpointRegistry {
@@ -202,7 +218,24 @@ impl EndpointRegistry {
             entries: Mutex::new(HashMap::new()),
             current: ArcSwap::from_pointee(Vec::new()),
             sweep,
+            load_sink: std::sync::OnceLock::new(),
         })
+    }
+
+    /// A registry of `urls` with no scraping and [`RegistryHandles::unregistered`] (tests,
+    /// tools).
+    ///
+    /// # Errors
+    /// [`RegistryError`] outside a tokio runtime or for a bad URL.
+    pub fn unscraped(urls: &[&str]) -> Result<Arc<EndpointRegistry>, RegistryError> {
+        let config = RegistryConfig {
+            scrape_interval_ms: 0,
+            ..RegistryConfig::default()
+        };
+        let r = EndpointRegistry::new(config, RegistryHandles::unregistered())?;
+        let configs: Vec<EndpointConfig> = urls.iter().map(|u| EndpointConfig::new(*u)).collect();
+        r.reconcile(&configs)?;
+        Ok(Arc::new(r))
     }
 
     /// The current endpoints, in config order (one atomic load).
@@ -218,6 +251,15 @@ impl EndpointRegistry {
             .filter(|e| e.is_healthy(now))
             .cloned()
             .collect()
+    }
+
+    /// Shares the in-flight load of every endpoint, current and future, through `sink` (router
+    /// replicas; the first sink set stays).
+    pub fn share_load(&self, sink: Arc<dyn crate::LoadSink>) {
+        let sink = Arc::clone(self.load_sink.get_or_init(|| sink));
+        for e in self.current.load().iter() {
+            e.share_load(Arc::clone(&sink));
+        }
     }
 
     /// The endpoint named `host:port`.
@@ -352,6 +394,9 @@ impl EndpointRegistry {
             has_kv_events: c.kv_events.is_some(),
         };
         let endpoint = Arc::new(EndpointState::new(&c.url, init)?);
+        if let Some(sink) = self.load_sink.get() {
+            endpoint.share_load(Arc::clone(sink));
+        }
         let scrape = self.handles.cancel.child_token();
         if self.config.scrape_interval_ms > 0 {
             let task = ScrapeTask {
