@@ -88,7 +88,9 @@ WORKLOAD_ROWS=(
 )
 
 # Routers. NAME@N = N replicas of NAME behind one multi-URL bench target (needs the bench's
-# NAME=URL1,URL2 targets; skipped with a reason otherwise). NAME!restart (NAME@N!restart):
+# NAME=URL1,URL2 targets; skipped with a reason otherwise); kvgate replicas share their
+# in-flight load (--replica-sync-listen / --replica-peer, when the binary has them); the peers'
+# replicas run with their defaults, each on its own. NAME!restart (NAME@N!restart):
 # replica 0 is killed and restarted during the bench (see the top).
 BASE_ROUTERS=(rr vllm-kv vllm-cache smg kvgate kvgate-approx)
 describe_router() {
@@ -304,6 +306,7 @@ PY=$(command -v "$PYTHON" || true)
 [[ -d $TOKENIZER_DIR ]] || die "tokenizer directory $TOKENIZER_DIR not found (set KVGATE_TOKENIZER)"
 
 BENCH_HELP=$("$KVGATE" bench --help 2>&1) || die "'$KVGATE bench --help' failed: $BENCH_HELP"
+SERVE_HELP=$("$KVGATE" serve --help 2>&1) || die "'$KVGATE serve --help' failed: $SERVE_HELP"
 # Multi-URL targets (NAME=URL1,URL2: requests round-robin across replicas), if this bench has them.
 MULTI_SEP=""
 if grep -Eq 'URL1,URL2|URL\[,URL' <<<"$BENCH_HELP"; then MULTI_SEP=,
@@ -483,6 +486,8 @@ R_METRICS=()
 R_CMDQ=()
 R_READY=()
 R_LOGF=()
+R_SYNC_ADDRS=() # replica sync PUB addresses of the kvgate replicas being started (NAME@N)
+R_SYNC_INDEX=0
 R_KVGATE_LOG=warn
 start_one() {
   local base=$1 logf="$2.log" port admin prom i ready metrics
@@ -525,6 +530,11 @@ start_one() {
       done
       cmd=(env NO_COLOR=1 "KVGATE_LOG=$R_KVGATE_LOG" "$KVGATE" serve --listen "127.0.0.1:$port" --admin-listen "127.0.0.1:$admin"
         "${eps[@]}" --tokenizer "$MODEL=$TOKENIZER_DIR" --decision-log "$2.decisions.jsonl")
+      # Replicas share their in-flight load (every replica gets the same peer list).
+      if ((${#R_SYNC_ADDRS[@]} > 1)); then
+        cmd+=(--replica-sync-listen "${R_SYNC_ADDRS[R_SYNC_INDEX]}")
+        for a in "${R_SYNC_ADDRS[@]}"; do cmd+=(--replica-peer "$a"); done
+      fi
       if [[ -n ${VARIANT_FILE[$base]:-} ]]; then cmd+=(--config "${VARIANT_FILE[$base]}"); fi
       ready="http://127.0.0.1:$admin/ready"; metrics="http://127.0.0.1:$admin/metrics" ;;
   esac
@@ -673,8 +683,13 @@ run_one() {
   R_KVGATE_LOG=warn
   ((restart)) && R_KVGATE_LOG=warn,kvgate_kvcache=info # + "kv events connected", "kv event gap replayed"
   rm -rf "$dir" "$logp.restart.log"
-  R_PIDS=(); R_URLS=(); R_METRICS=(); R_CMDQ=(); R_READY=(); R_LOGF=()
+  R_PIDS=(); R_URLS=(); R_METRICS=(); R_CMDQ=(); R_READY=(); R_LOGF=(); R_SYNC_ADDRS=()
+  if ((n > 1)) && [[ $base != rr && $base != vllm-* && $base != smg ]] && grep -q -- '--replica-sync-listen' <<<"$SERVE_HELP"; then
+    free_ports "$n"
+    for ((i = 0; i < n; i++)); do R_SYNC_ADDRS+=("tcp://127.0.0.1:$((PORT_CURSOR - n + i))"); done
+  fi
   for ((i = 0; i < n; i++)); do
+    R_SYNC_INDEX=$i
     if ! start_one "$base" "$logp.$i"; then
       stop_router
       log "FAIL $wl / $router rep $rep: router did not start (log $logp.$i.log)"

@@ -193,6 +193,8 @@ pub struct Tracker {
     pub usage: UsageWatch,
     /// The decision log line, written when the tracker is dropped.
     pub log: Option<LogEntry>,
+    /// Counts SSE events too large to watch (`kvgate_sse_oversize_events_total`).
+    pub sse_oversize: Option<prometheus_client::metrics::counter::Counter>,
 }
 
 impl Tracker {
@@ -214,6 +216,9 @@ impl Tracker {
     }
 
     fn finish(mut self) {
+        if let (UsageWatch::Sse(obs), Some(counter)) = (&self.usage, &self.sse_oversize) {
+            counter.inc_by(obs.oversize_events());
+        }
         let cached = self.usage.usage().and_then(|u| u.cached_tokens);
         if let Some(log) = &mut self.log {
             log.completed(cached);
@@ -232,6 +237,8 @@ impl Tracker {
 #[derive(Debug)]
 pub struct StreamBody {
     inner: Incoming,
+    /// Bytes already read from `inner`, sent before the rest of it.
+    prefix: Option<Bytes>,
     rewriter: Option<SseModelRewriter>,
     guard: RequestGuard,
     tracker: Option<Tracker>,
@@ -248,11 +255,20 @@ impl StreamBody {
     ) -> Self {
         Self {
             inner,
+            prefix: None,
             rewriter,
             guard,
             tracker: Some(tracker),
             done: false,
         }
+    }
+
+    /// Sends `prefix` (bytes already read from the upstream body) before the rest of the
+    /// upstream body; the tracker watches it like any other chunk.
+    #[must_use]
+    pub fn with_prefix(mut self, prefix: Bytes) -> Self {
+        self.prefix = Some(prefix).filter(|p| !p.is_empty());
+        self
     }
 }
 
@@ -291,6 +307,17 @@ impl Body for StreamBody {
         let this = &mut *self;
         if this.done {
             return Poll::Ready(None);
+        }
+        if let Some(prefix) = this.prefix.take() {
+            if let Some(tracker) = this.tracker.as_mut() {
+                tracker.first_byte();
+                tracker.usage.observe(&prefix);
+            }
+            // As below: a body with a known length may not be polled again.
+            if this.inner.is_end_stream() {
+                this.finish();
+            }
+            return Poll::Ready(Some(Ok(Frame::data(prefix))));
         }
         loop {
             match Pin::new(&mut this.inner).poll_frame(cx) {
@@ -344,9 +371,20 @@ impl Body for StreamBody {
 
     fn size_hint(&self) -> SizeHint {
         if self.rewriter.is_some() {
-            SizeHint::default()
-        } else {
-            self.inner.size_hint()
+            return SizeHint::default();
         }
+        let inner = self.inner.size_hint();
+        let Some(n) = self.prefix.as_ref().map(|p| p.len() as u64) else {
+            return inner;
+        };
+        if let Some(exact) = inner.exact() {
+            return SizeHint::with_exact(exact + n);
+        }
+        let mut hint = SizeHint::new();
+        hint.set_lower(inner.lower() + n);
+        if let Some(upper) = inner.upper() {
+            hint.set_upper(upper + n);
+        }
+        hint
     }
 }

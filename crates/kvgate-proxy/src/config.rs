@@ -1,110 +1,35 @@
-//! Proxy configuration: the `kvgate.yaml` file shape and the validated runtime config.
+//! Proxy configuration: the validated runtime [`ProxyConfig`], built from the `kvgate.yaml`
+//! shape ([`FileConfig`], in `config/file`) and flags, and [`ConfigError`].
 
-use std::{collections::HashMap, net::SocketAddr, path::PathBuf, time::Duration};
-
-use kvgate_schedule::{
-    EndpointConfig, PluginSpec, ProfileSpec, RegistryConfig, SchedulerConfig, SchedulingSpec,
+use std::{
+    collections::HashMap,
+    fmt,
+    net::{IpAddr, Ipv4Addr, SocketAddr},
+    time::Duration,
 };
-use kvgate_tokenize::{BackendKind, ModelTokenizerConfig, TokenizeConfig};
-use serde::Deserialize;
 
-/// Default proxy listen address.
-pub const DEFAULT_LISTEN: &str = "0.0.0.0:8080";
-/// Default admin (health, metrics) listen address.
-pub const DEFAULT_ADMIN_LISTEN: &str = "0.0.0.0:9090";
+use kvgate_kvcache::IndexConfig;
+use kvgate_schedule::{EndpointConfig, RegistryConfig, SchedulerConfig};
+use kvgate_tokenize::{ModelTokenizerConfig, TokenizeConfig};
 
-/// `kvgate.yaml` as written by the operator (ARCHITECTURE §5). Unknown keys are errors.
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct FileConfig {
-    /// Proxy listen address, e.g. `0.0.0.0:8080`.
-    pub listen: Option<SocketAddr>,
-    /// Admin listen address (`/health`, `/ready`, `/metrics`, `/debug/state`), e.g. `0.0.0.0:9090`.
-    pub admin_listen: Option<SocketAddr>,
-    /// Engine endpoints (`url`, `labels`, `kv_events`, `kv_replay`, `model`, `block_size`).
-    #[serde(default)]
-    pub endpoints: Vec<EndpointConfig>,
-    /// Models: aliases and how to tokenize them.
-    #[serde(default)]
-    pub models: Vec<ModelConfig>,
-    /// Tokenizer pool settings.
-    #[serde(default)]
-    pub tokenize: TokenizePool,
-    /// Endpoint scraping and health settings.
-    #[serde(default)]
-    pub engines: Option<RegistryConfig>,
-    /// Scheduler plugin instances.
-    #[serde(default)]
-    pub plugins: Vec<PluginSpec>,
-    /// Scheduler profiles.
-    #[serde(default)]
-    pub profiles: Vec<ProfileSpec>,
-    /// Profile handler selection.
-    #[serde(default)]
-    pub scheduling: SchedulingSpec,
-}
+mod file;
 
-/// A model name, the aliases clients may use for it, and its tokenizer.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ModelConfig {
-    /// The canonical name, as the engines serve it.
-    pub name: String,
-    /// Other names clients may send; the canonical name is spliced in before forwarding.
-    #[serde(default)]
-    pub aliases: Vec<String>,
-    /// How kvgate computes this model's prompt tokens (absent: estimate only).
-    #[serde(default)]
-    pub tokenizer: Option<TokenizerSpec>,
-}
+pub use self::file::{
+    FileConfig, KvIndexSpec, ModelConfig, ReplicaSyncSpec, TierWeightsSpec, TokenizePool,
+    TokenizerSpec, UpstreamSpec,
+};
 
-/// `models[].tokenizer`: the backends of the model's tokenizer chain.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct TokenizerSpec {
-    /// Directory with `tokenizer.json` and `tokenizer_config.json` (optionally `.gz`).
-    #[serde(default)]
-    pub local: Option<PathBuf>,
-    /// Base URL of an engine (or render server) answering `/v1/*/render`.
-    #[serde(default)]
-    pub render: Option<String>,
-    /// Explicit backend order (default: local, render, estimate — those configured).
-    #[serde(default)]
-    pub backends: Option<Vec<BackendKind>>,
-    /// Render timeout for text requests, in milliseconds (default 5000).
-    #[serde(default)]
-    pub render_timeout_ms: Option<u64>,
-    /// Render timeout when content parts hold media, in milliseconds (default 30000).
-    #[serde(default)]
-    pub render_media_timeout_ms: Option<u64>,
-}
-
-/// `tokenize:`: the blocking pool shared by every model's local tokenizer.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct TokenizePool {
-    /// Threads tokenizing off the async runtime.
-    pub pool_threads: usize,
-    /// Requests that may wait for a thread; beyond that a request gets 503.
-    pub queue_limit: usize,
-    /// Bound of the segment cache, in tokens.
-    pub prefix_cache_max_tokens: u64,
-    /// Precise routing with a local tokenizer tokenizes only the prompt prefix the KV index
-    /// can match (default true); see [`ProxyConfig::tokenize_prefix`].
-    pub prefix_only: bool,
-}
-
-impl Default for TokenizePool {
-    fn default() -> Self {
-        let d = TokenizeConfig::default();
-        Self {
-            pool_threads: d.pool_threads,
-            queue_limit: d.queue_limit,
-            prefix_cache_max_tokens: d.prefix_cache_max_tokens,
-            prefix_only: true,
-        }
-    }
-}
+/// Proxy listen address when neither `--listen` nor `listen` sets one: `0.0.0.0:8080`.
+pub const DEFAULT_LISTEN: SocketAddr = SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 8080);
+/// Admin listen address (`/health`, `/ready`, `/metrics`, `/debug/state`) when neither
+/// `--admin-listen` nor `admin_listen` sets one: `0.0.0.0:9090`, a port of its own.
+pub const DEFAULT_ADMIN_LISTEN: SocketAddr =
+    SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 9090);
+/// Default upstream TCP connect timeout (`upstream.connect_timeout_ms`).
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Default idle time before a pooled upstream connection is closed
+/// (`upstream.pool_idle_timeout_ms`).
+pub const DEFAULT_POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 
 /// Why a configuration was rejected.
 #[derive(Debug, thiserror::Error)]
@@ -117,7 +42,7 @@ pub enum ConfigError {
     Endpoints(#[from] kvgate_schedule::RegistryError),
     /// The scheduler config is invalid; the message names each line at fault.
     #[error(transparent)]
-    Scheduler(#[from] kvgate_schedule::ConfigError),
+    Scheduler(#[from] kvgate_schedule::SchedulerConfigError),
     /// A tokenizer could not be built.
     #[error(transparent)]
     Tokenizer(#[from] kvgate_tokenize::BuildError),
@@ -148,16 +73,29 @@ pub enum ConfigError {
     /// No endpoint configured.
     #[error("no endpoints configured: pass --endpoint URL or list endpoints in the config file")]
     NoEndpoints,
+    /// Settings out of range, each named by its YAML path.
+    #[error("config: {}", join_issues(.0))]
+    Invalid(Vec<FieldIssue>),
 }
 
-impl FileConfig {
-    /// Parses `kvgate.yaml` text.
-    ///
-    /// # Errors
-    /// [`ConfigError::Yaml`] with serde-saphyr's message, which names line and column.
-    pub fn from_yaml(text: &str) -> Result<FileConfig, ConfigError> {
-        serde_saphyr::from_str(text).map_err(|e| ConfigError::Yaml(e.to_string()))
+/// One setting out of range.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FieldIssue {
+    /// The YAML path, e.g. `upstream.connect_timeout_ms`.
+    pub field: &'static str,
+    /// What is wrong with the value.
+    pub reason: &'static str,
+}
+
+impl fmt::Display for FieldIssue {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.field, self.reason)
     }
+}
+
+fn join_issues(issues: &[FieldIssue]) -> String {
+    let parts: Vec<String> = issues.iter().map(ToString::to_string).collect();
+    parts.join("; ")
 }
 
 /// The validated proxy configuration.
@@ -192,6 +130,16 @@ pub struct ProxyConfig {
     /// prefix's end), growing it while some engine holds all of it (default true; YAML
     /// `tokenize: { prefix_only: false }` turns it off).
     pub tokenize_prefix: bool,
+    /// The KV-cache index settings (YAML `kv_index:`).
+    pub kv_index: IndexConfig,
+    /// Upstream TCP connect timeout (YAML `upstream.connect_timeout_ms`, default 5 s).
+    pub connect_timeout: Duration,
+    /// How long an idle pooled upstream connection is kept (YAML
+    /// `upstream.pool_idle_timeout_ms`, default 90 s).
+    pub pool_idle_timeout: Duration,
+    /// Share in-flight load with other router replicas (YAML `replica_sync:`; `None`: off).
+    /// Started by [`crate::run`].
+    pub replica_sync: Option<kvgate_replica::ReplicaSyncConfig>,
 }
 
 impl Default for ProxyConfig {
@@ -210,17 +158,29 @@ impl Default for ProxyConfig {
             scores_header: false,
             decision_log: None,
             tokenize_prefix: true,
+            kv_index: IndexConfig::default(),
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            pool_idle_timeout: DEFAULT_POOL_IDLE_TIMEOUT,
+            replica_sync: None,
         }
     }
 }
 
 impl ProxyConfig {
-    /// Adds the file's endpoints and models (flags add theirs with [`ProxyConfig::add_alias`]).
+    /// Adds the file's endpoints and models (flags add theirs with [`ProxyConfig::add_alias`])
+    /// and takes its settings, then checks them with [`ProxyConfig::validate`].
     ///
     /// # Errors
-    /// [`ConfigError::AmbiguousAlias`] when an alias maps to two models.
+    /// [`ConfigError::AmbiguousAlias`] when an alias maps to two models,
+    /// [`ConfigError::Invalid`] for settings out of range.
     pub fn merge_file(&mut self, file: &FileConfig) -> Result<(), ConfigError> {
         self.endpoints.extend(file.endpoints.iter().cloned());
+        self.kv_index = file.kv_index.to_index_config();
+        self.connect_timeout = Duration::from_millis(file.upstream.connect_timeout_ms);
+        self.pool_idle_timeout = Duration::from_millis(file.upstream.pool_idle_timeout_ms);
+        if let Some(sync) = &file.replica_sync {
+            self.replica_sync = Some(sync.to_sync_config());
+        }
         self.tokenize.pool_threads = file.tokenize.pool_threads;
         self.tokenize.queue_limit = file.tokenize.queue_limit;
         self.tokenize.prefix_cache_max_tokens = file.tokenize.prefix_cache_max_tokens;
@@ -232,6 +192,7 @@ impl ProxyConfig {
             plugins: file.plugins.clone(),
             profiles: file.profiles.clone(),
             scheduling: file.scheduling.clone(),
+            seed: file.seed,
         };
         for model in &file.models {
             if let Some(spec) = &model.tokenizer {
@@ -244,7 +205,54 @@ impl ProxyConfig {
                 self.add_alias(alias, &model.name)?;
             }
         }
-        Ok(())
+        self.validate()
+    }
+
+    /// Checks the settings that have a valid range; every issue names its YAML path.
+    ///
+    /// # Errors
+    /// [`ConfigError::Invalid`] listing every setting out of range.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        const POSITIVE: &str = "must be greater than 0";
+        const WEIGHT: &str = "must be a finite number, not negative";
+        let weight_ok = |w: f64| w.is_finite() && w >= 0.0;
+        let ix = &self.kv_index;
+        let w = ix.tier_weights;
+        let checks = [
+            (
+                self.connect_timeout.is_zero(),
+                "upstream.connect_timeout_ms",
+                POSITIVE,
+            ),
+            (
+                self.pool_idle_timeout.is_zero(),
+                "upstream.pool_idle_timeout_ms",
+                POSITIVE,
+            ),
+            (
+                ix.default_capacity_blocks == 0,
+                "kv_index.default_capacity_blocks",
+                POSITIVE,
+            ),
+            (
+                ix.speculative_ttl.is_zero(),
+                "kv_index.speculative_ttl_ms",
+                POSITIVE,
+            ),
+            (!weight_ok(w.gpu), "kv_index.tier_weights.gpu", WEIGHT),
+            (!weight_ok(w.cpu), "kv_index.tier_weights.cpu", WEIGHT),
+            (!weight_ok(w.disk), "kv_index.tier_weights.disk", WEIGHT),
+        ];
+        let issues: Vec<FieldIssue> = checks
+            .into_iter()
+            .filter(|(bad, _, _)| *bad)
+            .map(|(_, field, reason)| FieldIssue { field, reason })
+            .collect();
+        if issues.is_empty() {
+            Ok(())
+        } else {
+            Err(ConfigError::Invalid(issues))
+        }
     }
 
     /// Adds `alias → model`.
@@ -349,88 +357,4 @@ impl ProxyConfig {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn parses_the_documented_shape() {
-        let yaml = "listen: 127.0.0.1:8080\nendpoints:\n  - url: http://10.0.0.1:8000\nmodels:\n  - name: Qwen/Qwen3-0.6B\n    aliases: [qwen, small]\n";
-        let file = FileConfig::from_yaml(yaml).unwrap();
-        let mut cfg = ProxyConfig::default();
-        cfg.merge_file(&file).unwrap();
-        assert_eq!(cfg.endpoints[0].url, "http://10.0.0.1:8000");
-        assert!(cfg.scheduler.is_empty());
-        assert_eq!(cfg.aliases["qwen"], "Qwen/Qwen3-0.6B");
-        assert_eq!(cfg.aliases["small"], "Qwen/Qwen3-0.6B");
-        assert_eq!(cfg.models, vec!["Qwen/Qwen3-0.6B".to_owned()]);
-    }
-
-    #[test]
-    fn unknown_key_error_names_the_line() {
-        let yaml = "listen: 127.0.0.1:8080\nendpoints:\n  - url: http://a:1\n    weight: 3\n";
-        let err = FileConfig::from_yaml(yaml).unwrap_err().to_string();
-        assert!(err.contains("weight"), "{err}");
-        assert!(err.contains('4'), "line 4 not named: {err}");
-    }
-
-    #[test]
-    fn full_shape_with_tokenizer_kv_events_and_plugins() {
-        let yaml = "endpoints:\n  - url: http://a:1\n    kv_events: tcp://a:5557\n    model: m\nmodels:\n  - name: m\n    aliases: [x]\n    tokenizer: { local: /tok, render: http://a:1 }\nplugins:\n  - type: queue-scorer\ntokenize: { pool_threads: 3 }\n";
-        let file = FileConfig::from_yaml(yaml).unwrap();
-        let mut cfg = ProxyConfig::default();
-        cfg.merge_file(&file).unwrap();
-        assert_eq!(cfg.endpoints[0].kv_events.as_deref(), Some("tcp://a:5557"));
-        assert_eq!(cfg.tokenize.pool_threads, 3);
-        assert_eq!(
-            cfg.tokenize.models[0].tokenizer_dir,
-            Some(PathBuf::from("/tok"))
-        );
-        assert_eq!(
-            cfg.tokenize.models[0].render_url.as_deref(),
-            Some("http://a:1")
-        );
-        assert_eq!(cfg.scheduler.plugins.len(), 1);
-    }
-
-    #[test]
-    fn endpoint_flags() {
-        let mut cfg = ProxyConfig::default();
-        cfg.add_endpoint_flag("http://a:1,kv=tcp://a:5557,replay=tcp://a:5558,label=role=decode")
-            .unwrap();
-        cfg.add_alias("x", "m").unwrap();
-        cfg.default_endpoint_models();
-        let ep = &cfg.endpoints[0];
-        assert_eq!(ep.url, "http://a:1");
-        assert_eq!(ep.kv_events.as_deref(), Some("tcp://a:5557"));
-        assert_eq!(ep.kv_replay.as_deref(), Some("tcp://a:5558"));
-        assert_eq!(ep.model.as_deref(), Some("m"));
-        assert_eq!(ep.labels["role"], "decode");
-        for bad in [
-            "",
-            "http://a:1,bogus=1",
-            "http://a:1,kv",
-            "http://a:1,label=x",
-        ] {
-            assert!(cfg.add_endpoint_flag(bad).is_err(), "{bad}");
-        }
-    }
-
-    #[test]
-    fn alias_conflicts_and_flags() {
-        let mut cfg = ProxyConfig::default();
-        cfg.add_alias_flag("a=m1").unwrap();
-        cfg.add_alias_flag("a=m1").unwrap();
-        assert!(matches!(
-            cfg.add_alias_flag("a=m2"),
-            Err(ConfigError::AmbiguousAlias { .. })
-        ));
-        assert!(matches!(
-            cfg.add_alias_flag("nomodel"),
-            Err(ConfigError::BadAliasFlag(_))
-        ));
-        assert!(matches!(
-            cfg.add_alias_flag("=m"),
-            Err(ConfigError::BadAliasFlag(_))
-        ));
-    }
-}
+mod tests;

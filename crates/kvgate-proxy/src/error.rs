@@ -30,6 +30,17 @@ pub enum ProxyError {
     /// Reading the client's body failed.
     #[error("reading the request body failed: {0}")]
     ClientBody(String),
+    /// The endpoint's URL and the request path do not make an upstream URI (kvgate's
+    /// configuration or a path it cannot forward, not the client's body).
+    #[error("endpoint {endpoint}: cannot build the upstream URI for `{path}`: {reason}")]
+    UpstreamUri {
+        /// The picked endpoint.
+        endpoint: String,
+        /// The path and query that was to be forwarded.
+        path: String,
+        /// Why the URI is invalid.
+        reason: String,
+    },
     /// No endpoint serves the requested model.
     #[error("model `{0}` is not served by any endpoint")]
     ModelNotServed(String),
@@ -84,6 +95,7 @@ impl ProxyError {
                 StatusCode::BAD_GATEWAY
             }
             ProxyError::UpstreamTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
+            ProxyError::UpstreamUri { .. } => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
 
@@ -94,7 +106,9 @@ impl ProxyError {
             | ProxyError::ClientBody(_)
             | ProxyError::BodyTooLarge { .. }
             | ProxyError::ModelNotServed(_) => Origin::Client,
-            ProxyError::NoHealthyEndpoint { .. } | ProxyError::Overloaded(_) => Origin::Internal,
+            ProxyError::NoHealthyEndpoint { .. }
+            | ProxyError::Overloaded(_)
+            | ProxyError::UpstreamUri { .. } => Origin::Internal,
             ProxyError::UpstreamUnavailable { .. }
             | ProxyError::UpstreamTimeout { .. }
             | ProxyError::UpstreamBody { .. } => Origin::Engine,
@@ -113,6 +127,7 @@ impl ProxyError {
             ProxyError::UpstreamUnavailable { .. } => "upstream_unavailable",
             ProxyError::UpstreamTimeout { .. } => "upstream_timeout",
             ProxyError::UpstreamBody { .. } => "upstream_body_error",
+            ProxyError::UpstreamUri { .. } => "upstream_uri_error",
         }
     }
 
@@ -123,10 +138,10 @@ impl ProxyError {
             Origin::Engine => "upstream_error",
             Origin::Internal => "service_unavailable_error",
         };
-        let kind = if matches!(self, ProxyError::ModelNotServed(_)) {
-            "not_found_error"
-        } else {
-            kind
+        let kind = match self {
+            ProxyError::ModelNotServed(_) => "not_found_error",
+            ProxyError::UpstreamUri { .. } => "internal_error",
+            _ => kind,
         };
         ErrorBody::new(self.to_string(), kind, self.reason())
     }

@@ -2,20 +2,29 @@
 //! back, retries, faults as clear JSON errors, and the admin server.
 //!
 //! # Layout
-//! - [`config`]: `kvgate.yaml` shape and the validated [`ProxyConfig`].
-//! - [`proxy`]: [`Proxy`], the request path (read → parse → alias → seal → tokenize →
-//!   schedule → forward → watch `usage`).
+//! - [`config`]: the validated [`ProxyConfig`] and [`ConfigError`]; `config/file`: the
+//!   `kvgate.yaml` shape ([`FileConfig`] and its sections).
+//! - [`proxy`]: [`Proxy`], the request path: its construction and reload, the request id, the
+//!   front-door-independent pipeline (bytes + headers → parse → alias → seal → tokenize →
+//!   schedule), the HTTP front door (read → pipeline → forward with retries) and the
+//!   response path (restore the alias, watch `usage`).
 //! - [`body`]: streamed response bodies and the per-request accounting guard.
 //! - [`models`]: model discovery and kvgate's own `GET /v1/models`.
 //! - [`error`]: [`ProxyError`] → status, JSON body, metric reason.
+//! - [`loopback`]: [`loopback::RunningProxy`], a proxy on loopback ports in this process
+//!   (tests and `kvgate demo`).
 //! - [`metrics`]: the proxy's metric families.
-//! - [`server`]: accept loops and graceful shutdown ([`run`]).
+//! - [`server`]: accept loops (backing off after failed accepts) and graceful shutdown ([`run`]).
+//! - `admin`: the admin routes (`/health`, `/ready`, `/metrics`, `/debug/state[.json]`) and the
+//!   `/debug/state` page template.
 //! - `test_util` (feature `test-util`): a raw-socket spy engine and a proxy launcher.
 
+mod admin;
 pub mod body;
 pub mod config;
 pub mod decision_log;
 pub mod error;
+pub mod loopback;
 pub mod metrics;
 mod models;
 pub mod proxy;

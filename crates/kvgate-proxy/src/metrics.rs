@@ -38,6 +38,13 @@ pub struct ErrorLabels {
     pub reason: &'static str,
 }
 
+/// Labels of a listening socket.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ListenerLabels {
+    /// `proxy` or `admin`.
+    pub listener: &'static str,
+}
+
 /// The proxy's metric handles.
 #[derive(Debug, Clone)]
 pub struct ProxyMetrics {
@@ -58,6 +65,12 @@ pub struct ProxyMetrics {
     pub ejections: Family<EndpointLabels, Counter>,
     /// `kvgate_responses_aborted_total{api}`: responses cut off by the client or the engine.
     pub aborted: Family<ApiLabels, Counter>,
+    /// `kvgate_accept_errors_total{listener}`: failed `accept` calls (e.g. out of file
+    /// descriptors); each is followed by a growing pause before the next accept.
+    pub accept_errors: Family<ListenerLabels, Counter>,
+    /// `kvgate_sse_oversize_events_total`: response SSE events over the 1 MiB watch cap,
+    /// passed through unwatched (their `usage` is not read).
+    pub sse_oversize: Counter,
 }
 
 fn latency_histogram() -> Histogram {
@@ -79,6 +92,8 @@ impl ProxyMetrics {
             retries: Family::default(),
             ejections: Family::default(),
             aborted: Family::default(),
+            accept_errors: Family::default(),
+            sse_oversize: Counter::default(),
         };
         registry.register(
             "requests",
@@ -119,6 +134,16 @@ impl ProxyMetrics {
             "responses_aborted",
             "Responses cut off before their end (client gone or engine failed)",
             m.aborted.clone(),
+        );
+        registry.register(
+            "accept_errors",
+            "Failed accepts on a listener, each followed by a back-off pause",
+            m.accept_errors.clone(),
+        );
+        registry.register(
+            "sse_oversize_events",
+            "Response SSE events over the watch cap, passed through without reading their usage",
+            m.sse_oversize.clone(),
         );
         m
     }

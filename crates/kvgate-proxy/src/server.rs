@@ -1,39 +1,57 @@
-//! Accept loops: the proxy listener (HTTP/1.1 and h2c) and the admin listener.
+//! Accept loops: the proxy listener (HTTP/1.1 and h2c) and the admin listener (the `admin`
+//! routes), both behind an `Acceptor` that counts failed accepts
+//! (`kvgate_accept_errors_total{listener}`) and backs off after them, so running out of file
+//! descriptors pauses accepting instead of spinning a core.
 
-use std::{future::Future, sync::Arc, time::Duration};
+use std::{future::Future, io, net::SocketAddr, sync::Arc, time::Duration};
 
-use http::{Response, StatusCode, header};
 use hyper::service::service_fn;
 use hyper_util::{
     rt::{TokioExecutor, TokioIo, TokioTimer},
     server::{conn::auto, graceful::GracefulShutdown},
 };
-use prometheus_client::registry::Registry;
-use tokio::net::TcpListener;
+use prometheus_client::{metrics::counter::Counter, registry::Registry};
+use tokio::net::{TcpListener, TcpStream};
 
-use crate::{Proxy, body::full};
+use crate::{Proxy, metrics::ListenerLabels};
 
 /// How long graceful shutdown waits for in-flight requests.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
+/// The pause after the first failed accept; it doubles with each failure in a row.
+const ACCEPT_BACKOFF_START: Duration = Duration::from_millis(5);
+/// The longest pause between accepts while they keep failing.
+const ACCEPT_BACKOFF_MAX: Duration = Duration::from_secs(1);
 
 /// Serves the proxy on `listener` and the admin routes on `admin` until `shutdown` resolves,
 /// then drains in-flight requests (up to 30 s). Also runs model discovery when configured.
 ///
 /// # Errors
-/// Only when accepting on a listener fails fatally.
+/// Only when serving fails fatally (failed accepts are counted, logged and retried).
 pub async fn run(
     listener: TcpListener,
     admin: TcpListener,
     proxy: Arc<Proxy>,
     registry: Arc<Registry>,
     shutdown: impl Future<Output = ()> + Send,
-) -> std::io::Result<()> {
+) -> io::Result<()> {
+    proxy.start_replica_sync().await.map_err(io::Error::other)?;
     let discovery = proxy
         .config
         .models_refresh
         .map(|every| tokio::spawn(proxy.clone().discovery_loop(every)));
-    let admin_task = tokio::spawn(serve_admin(admin, proxy.clone(), registry));
-    let result = serve_proxy(listener, proxy.clone(), shutdown).await;
+    let admin = Acceptor::new(admin, "admin", &proxy);
+    let routes = crate::admin::router(proxy.clone(), registry);
+    let admin_task = tokio::spawn(async move {
+        if let Err(e) = axum::serve(admin, routes).await {
+            tracing::error!(error = %e, "admin server stopped");
+        }
+    });
+    let result = serve_proxy(
+        Acceptor::new(listener, "proxy", &proxy),
+        proxy.clone(),
+        shutdown,
+    )
+    .await;
     proxy.shutdown();
     admin_task.abort();
     if let Some(task) = discovery {
@@ -44,10 +62,10 @@ pub async fn run(
 
 /// The proxy accept loop.
 async fn serve_proxy(
-    listener: TcpListener,
+    mut listener: Acceptor,
     proxy: Arc<Proxy>,
     shutdown: impl Future<Output = ()> + Send,
-) -> std::io::Result<()> {
+) -> io::Result<()> {
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder
         .http1()
@@ -57,15 +75,7 @@ async fn serve_proxy(
     tokio::pin!(shutdown);
     loop {
         let (stream, peer) = tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok(conn) => conn,
-                Err(e) => {
-                    // Out of file descriptors and the like: log and keep serving.
-                    tracing::warn!(error = %e, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
+            accepted = listener.accept() => accepted,
             () = &mut shutdown => break,
         };
         let _ = stream.set_nodelay(true);
@@ -94,81 +104,195 @@ async fn serve_proxy(
     Ok(())
 }
 
-/// The admin accept loop: `/health`, `/ready`, `/metrics`, `/debug/state[.json]`.
-async fn serve_admin(listener: TcpListener, proxy: Arc<Proxy>, registry: Arc<Registry>) {
-    let builder = auto::Builder::new(TokioExecutor::new());
-    loop {
-        let Ok((stream, _)) = listener.accept().await else {
-            continue;
-        };
-        let proxy = proxy.clone();
-        let registry = registry.clone();
-        let service = service_fn(move |req: http::Request<hyper::body::Incoming>| {
-            let resp = admin_route(req.uri().path(), &proxy, &registry);
-            async move { Ok::<_, std::convert::Infallible>(resp) }
-        });
-        let conn = builder
-            .serve_connection(TokioIo::new(stream), service)
-            .into_owned();
-        tokio::spawn(async move {
-            let _ = conn.await;
-        });
+/// A listener whose `accept` never fails: a failed accept is counted in
+/// `kvgate_accept_errors_total{listener}`, logged, and retried after a pause that doubles
+/// with each failure in a row (up to 1 s).
+#[derive(Debug)]
+pub(crate) struct Acceptor {
+    /// The bound socket.
+    listener: TcpListener,
+    /// `proxy` or `admin`, for the metric label and the log line.
+    name: &'static str,
+    /// This listener's failed accepts.
+    errors: Counter,
+    /// The pause before the next attempt.
+    backoff: Backoff,
+}
+
+impl Acceptor {
+    fn new(listener: TcpListener, name: &'static str, proxy: &Proxy) -> Acceptor {
+        let errors = proxy
+            .metrics
+            .accept_errors
+            .get_or_create(&ListenerLabels { listener: name })
+            .clone();
+        Acceptor {
+            listener,
+            name,
+            errors,
+            backoff: Backoff::default(),
+        }
+    }
+
+    /// The next connection, however many accepts fail first.
+    async fn accept(&mut self) -> (TcpStream, SocketAddr) {
+        let Acceptor {
+            listener,
+            name,
+            errors,
+            backoff,
+        } = self;
+        retry_accept(|| listener.accept(), backoff, errors, name).await
     }
 }
 
-fn admin_route(path: &str, proxy: &Proxy, registry: &Registry) -> Response<crate::ProxyBody> {
-    let (status, content_type, body) = match path {
-        "/health" => (StatusCode::OK, "text/plain", "ok\n".to_owned()),
-        "/ready" if proxy.is_ready() => (StatusCode::OK, "text/plain", "ready\n".to_owned()),
-        "/ready" => (
-            StatusCode::SERVICE_UNAVAILABLE,
-            "text/plain",
-            "no healthy endpoint\n".to_owned(),
-        ),
-        "/debug/state.json" => {
-            let snapshot = proxy.registry().snapshot(std::time::Instant::now());
-            match serde_json::to_string_pretty(&snapshot) {
-                Ok(json) => (StatusCode::OK, "application/json", json),
-                Err(e) => (
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    "text/plain",
-                    e.to_string(),
-                ),
-            }
-        }
-        "/debug/state" => {
-            let snapshot = proxy.registry().snapshot(std::time::Instant::now());
-            (
-                StatusCode::OK,
-                "text/html; charset=utf-8",
-                kvgate_schedule::render_html(&snapshot),
-            )
-        }
-        "/metrics" => {
-            let mut text = String::new();
-            match prometheus_client::encoding::text::encode(&mut text, registry) {
-                Ok(()) => (
-                    StatusCode::OK,
-                    "application/openmetrics-text; version=1.0.0; charset=utf-8",
-                    text,
-                ),
-                Err(e) => (
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    "text/plain",
-                    e.to_string(),
-                ),
-            }
-        }
-        _ => (
-            StatusCode::NOT_FOUND,
-            "text/plain",
-            "not found\n".to_owned(),
-        ),
-    };
-    let mut resp = Response::new(full(body));
-    *resp.status_mut() = status;
-    if let Ok(v) = header::HeaderValue::from_str(content_type) {
-        resp.headers_mut().insert(header::CONTENT_TYPE, v);
+impl axum::serve::Listener for Acceptor {
+    type Io = TcpStream;
+    type Addr = SocketAddr;
+
+    async fn accept(&mut self) -> (TcpStream, SocketAddr) {
+        Acceptor::accept(self).await
     }
-    resp
+
+    fn local_addr(&self) -> io::Result<SocketAddr> {
+        self.listener.local_addr()
+    }
+}
+
+/// Calls `attempt` until it succeeds, counting each failure in `errors` and sleeping for
+/// `backoff`'s next pause after it.
+async fn retry_accept<T, F, Fut>(
+    mut attempt: F,
+    backoff: &mut Backoff,
+    errors: &Counter,
+    listener: &str,
+) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = io::Result<T>>,
+{
+    loop {
+        match attempt().await {
+            Ok(accepted) => {
+                backoff.reset();
+                return accepted;
+            }
+            Err(e) => {
+                errors.inc();
+                let pause = backoff.next_pause();
+                tracing::warn!(
+                    listener,
+                    error = %e,
+                    retry_in_ms = pause.as_millis() as u64,
+                    "accept failed; pausing before the next accept"
+                );
+                tokio::time::sleep(pause).await;
+            }
+        }
+    }
+}
+
+/// Doubling pauses between failed accepts, from [`ACCEPT_BACKOFF_START`] to
+/// [`ACCEPT_BACKOFF_MAX`]; a successful accept starts over.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Backoff {
+    /// The pause after the next failure.
+    next: Duration,
+}
+
+impl Default for Backoff {
+    fn default() -> Backoff {
+        Backoff {
+            next: ACCEPT_BACKOFF_START,
+        }
+    }
+}
+
+impl Backoff {
+    /// The pause to take after a failure; the one after it is twice as long (capped).
+    fn next_pause(&mut self) -> Duration {
+        let pause = self.next;
+        self.next = (pause * 2).min(ACCEPT_BACKOFF_MAX);
+        pause
+    }
+
+    /// After a success: the next failure pauses for the shortest time again.
+    fn reset(&mut self) {
+        *self = Backoff::default();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::cell::Cell;
+
+    use super::*;
+
+    #[test]
+    fn pauses_double_up_to_the_cap_and_reset_after_success() {
+        let ms = Duration::from_millis;
+        let mut backoff = Backoff::default();
+        let pauses: Vec<Duration> = (0..10).map(|_| backoff.next_pause()).collect();
+        assert_eq!(
+            pauses,
+            [
+                ms(5),
+                ms(10),
+                ms(20),
+                ms(40),
+                ms(80),
+                ms(160),
+                ms(320),
+                ms(640),
+                ms(1000),
+                ms(1000)
+            ]
+        );
+        backoff.reset();
+        assert_eq!(backoff.next_pause(), ms(5));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn failed_accepts_are_counted_and_paused_between() {
+        let errors = Counter::default();
+        let mut backoff = Backoff::default();
+        let calls = Cell::new(0u32);
+        let start = tokio::time::Instant::now();
+        let got = retry_accept(
+            || {
+                calls.set(calls.get() + 1);
+                let n = calls.get();
+                async move {
+                    if n <= 4 {
+                        Err(io::Error::other("too many open files"))
+                    } else {
+                        Ok(n)
+                    }
+                }
+            },
+            &mut backoff,
+            &errors,
+            "test",
+        )
+        .await;
+        assert_eq!((got, errors.get()), (5, 4));
+        // The paused clock advances only through the pauses: 5 + 10 + 20 + 40 ms.
+        assert_eq!(start.elapsed(), Duration::from_millis(75));
+        assert_eq!(backoff, Backoff::default(), "reset after the success");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_failing_listener_does_not_spin() {
+        let errors = Counter::default();
+        let mut backoff = Backoff::default();
+        let forever = retry_accept(
+            || async { Err::<(), _>(io::Error::other("too many open files")) },
+            &mut backoff,
+            &errors,
+            "test",
+        );
+        // Ten seconds of failures: 8 pauses reach the 1 s cap after 1.275 s, then one a second.
+        let _ = tokio::time::timeout(Duration::from_secs(10), forever).await;
+        assert_eq!(errors.get(), 17);
+    }
 }

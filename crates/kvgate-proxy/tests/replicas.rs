@@ -20,20 +20,7 @@ const TURNS: usize = 3;
 
 /// Each endpoint's real (event-fed) index holdings, by name.
 async fn holdings(proxy: &RunningProxy) -> Vec<(String, u64)> {
-    let state = admin_json(proxy, "/debug/state.json").await;
-    let mut out: Vec<(String, u64)> = state["endpoints"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|e| {
-            (
-                e["name"].as_str().unwrap().to_owned(),
-                e["index_holdings"].as_u64().unwrap(),
-            )
-        })
-        .collect();
-    out.sort();
-    out
+    endpoint_counts(proxy, "index_holdings").await
 }
 
 /// Waits until both replicas hold the same event-fed index and `served` holds something.

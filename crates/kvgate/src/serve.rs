@@ -10,13 +10,15 @@ use prometheus_client::registry::Registry;
 /// and the common single-box setup.
 #[derive(Debug, clap::Args)]
 pub(crate) struct ServeArgs {
-    /// YAML config file (`listen`, `admin_listen`, `endpoints`, `models`).
+    /// YAML config file (`listen`, `admin_listen`, `endpoints`, `models`, scheduler plugins);
+    /// endpoints and plugins reload when its content changes.
     #[arg(long)]
     config: Option<PathBuf>,
-    /// Proxy listen address [default: 0.0.0.0:8080, or the config's `listen`].
+    /// Proxy listen address [default: the config's `listen`, else 0.0.0.0:8080].
     #[arg(long)]
     listen: Option<SocketAddr>,
-    /// Admin listen address for /health, /ready, /metrics [default: 0.0.0.0:9090].
+    /// Admin listen address for /health, /ready, /metrics, /debug/state [default: the
+    /// config's `admin_listen`, else 0.0.0.0:9090].
     #[arg(long)]
     admin_listen: Option<SocketAddr>,
     /// Engine endpoint (repeatable; added to the config's): `URL[,kv=tcp://HOST:PORT]
@@ -55,26 +57,46 @@ pub(crate) struct ServeArgs {
     /// How often to refresh each endpoint's /v1/models (0s disables background refresh).
     #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
     models_refresh: Duration,
+    /// TCP connect timeout per upstream attempt, e.g. 2s [default: the config's
+    /// `upstream.connect_timeout_ms`, else 5s].
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+    upstream_connect_timeout: Option<Duration>,
+    /// How long an idle pooled connection to an engine is kept [default: the config's
+    /// `upstream.pool_idle_timeout_ms`, else 1m 30s].
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+    upstream_pool_idle_timeout: Option<Duration>,
+    /// KV index holdings kept per endpoint whose capacity is not known, in blocks [default:
+    /// the config's `kv_index.default_capacity_blocks`, else 1048576].
+    #[arg(long, value_name = "BLOCKS")]
+    kv_index_capacity_blocks: Option<usize>,
+    /// How long the KV index keeps the blocks a routing decision predicts, until the engine's
+    /// own events arrive [default: the config's `kv_index.speculative_ttl_ms`, else 2s].
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+    kv_speculative_ttl: Option<Duration>,
+    /// Share in-flight load with other kvgate replicas: the ZeroMQ address this replica
+    /// publishes on, e.g. tcp://0.0.0.0:5600 [default: the config's `replica_sync.listen`,
+    /// else off].
+    #[arg(long, value_name = "ZMQ_ADDR")]
+    replica_sync_listen: Option<String>,
+    /// Another replica's `--replica-sync-listen` address (repeatable; this replica's own
+    /// address may be listed too, so every replica can get the same list).
+    #[arg(long = "replica-peer", value_name = "ZMQ_ADDR")]
+    replica_peers: Vec<String>,
 }
 
 pub(crate) fn main(args: ServeArgs) -> anyhow::Result<()> {
-    let file = match &args.config {
+    let (file, text) = match &args.config {
         Some(path) => {
             let text = std::fs::read_to_string(path)
                 .with_context(|| format!("reading {}", path.display()))?;
-            FileConfig::from_yaml(&text).with_context(|| format!("in {}", path.display()))?
+            let file =
+                FileConfig::from_yaml(&text).with_context(|| format!("in {}", path.display()))?;
+            (file, Some(text))
         }
-        None => FileConfig::default(),
+        None => (FileConfig::default(), None),
     };
     let config = proxy_config(&args, &file)?;
-    let listen = args
-        .listen
-        .or(file.listen)
-        .unwrap_or_else(|| default_addr(config::DEFAULT_LISTEN));
-    let admin_listen = args
-        .admin_listen
-        .or(file.admin_listen)
-        .unwrap_or_else(|| default_addr(config::DEFAULT_ADMIN_LISTEN));
+    let (listen, admin_listen) = listen_addrs(&args, &file);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -95,8 +117,9 @@ pub(crate) fn main(args: ServeArgs) -> anyhow::Result<()> {
             endpoints = proxy.endpoints().len(),
             "kvgate serving"
         );
-        if let Some(path) = args.config.clone() {
-            tokio::spawn(watch_config(path, args.clone(), proxy.clone()));
+        if let (Some(path), Some(text)) = (args.config.clone(), text) {
+            let seen = SeenConfig(text);
+            tokio::spawn(watch_config(path, seen, args.clone(), proxy.clone()));
         }
         kvgate_proxy::run(
             listener,
@@ -110,7 +133,22 @@ pub(crate) fn main(args: ServeArgs) -> anyhow::Result<()> {
     })
 }
 
-/// Builds the proxy config: the file first, then flags on top.
+/// The proxy and admin listen addresses: the flag, else the config file, else the default
+/// ([`config::DEFAULT_LISTEN`], [`config::DEFAULT_ADMIN_LISTEN`]).
+fn listen_addrs(args: &ServeArgs, file: &FileConfig) -> (SocketAddr, SocketAddr) {
+    let listen = args
+        .listen
+        .or(file.listen)
+        .unwrap_or(config::DEFAULT_LISTEN);
+    let admin = args
+        .admin_listen
+        .or(file.admin_listen)
+        .unwrap_or(config::DEFAULT_ADMIN_LISTEN);
+    (listen, admin)
+}
+
+/// Builds the proxy config: the file first, then flags on top (the one place a flag
+/// overrides a config key), validated.
 fn proxy_config(args: &ServeArgs, file: &FileConfig) -> anyhow::Result<ProxyConfig> {
     let mut config = ProxyConfig::default();
     config.merge_file(file)?;
@@ -139,32 +177,90 @@ fn proxy_config(args: &ServeArgs, file: &FileConfig) -> anyhow::Result<ProxyConf
     if config.scheduler.is_empty() {
         let precise = config.endpoints.iter().any(|e| e.kv_events.is_some());
         if let Some(builtin) = kvgate_proxy::SchedulerConfig::builtin(&args.profile, precise) {
-            config.scheduler = builtin;
+            // A file that sets only `seed` keeps it with the built-in profile.
+            config.scheduler = kvgate_proxy::SchedulerConfig {
+                seed: config.scheduler.seed,
+                ..builtin
+            };
         }
     }
     config.retries = args.retries;
     config.upstream_timeout = args.upstream_timeout;
     config.max_body_bytes = args.max_body_bytes;
     config.models_refresh = Some(args.models_refresh).filter(|d| !d.is_zero());
+    if let Some(timeout) = args.upstream_connect_timeout {
+        config.connect_timeout = timeout;
+    }
+    if let Some(timeout) = args.upstream_pool_idle_timeout {
+        config.pool_idle_timeout = timeout;
+    }
+    if let Some(blocks) = args.kv_index_capacity_blocks {
+        config.kv_index.default_capacity_blocks = blocks;
+    }
+    if let Some(ttl) = args.kv_speculative_ttl {
+        config.kv_index.speculative_ttl = ttl;
+    }
+    if let Some(listen) = &args.replica_sync_listen {
+        match &mut config.replica_sync {
+            Some(sync) => sync.listen.clone_from(listen),
+            None => {
+                config.replica_sync = Some(kvgate_replica::ReplicaSyncConfig::new(
+                    listen.clone(),
+                    Vec::new(),
+                ));
+            }
+        }
+    }
+    if !args.replica_peers.is_empty() {
+        match &mut config.replica_sync {
+            Some(sync) => sync.peers.clone_from(&args.replica_peers),
+            None => anyhow::bail!(
+                "--replica-peer needs --replica-sync-listen (or replica_sync.listen in the config)"
+            ),
+        }
+    }
+    config.validate()?;
     Ok(config)
 }
 
-/// Reloads endpoints and scheduler plugins when the config file changes (checked every
-/// second by modification time and content). A bad file is logged and ignored; in-flight
-/// requests finish on the endpoints and scheduler they started with.
-async fn watch_config(path: PathBuf, args: Arc<ServeArgs>, proxy: Arc<Proxy>) {
-    let mut last = std::fs::read_to_string(&path).ok();
+/// The config file's content as last read.
+#[derive(Debug)]
+struct SeenConfig(String);
+
+impl SeenConfig {
+    /// `Some(text)` when `text` differs from the content last seen (and remembers it).
+    fn changed(&mut self, text: String) -> Option<&str> {
+        if text == self.0 {
+            return None;
+        }
+        self.0 = text;
+        Some(&self.0)
+    }
+}
+
+/// Reloads endpoints and scheduler plugins when the config file's content changes: the file
+/// is read every second and compared with the content last read, so an edit counts whatever
+/// its modification time (a Kubernetes ConfigMap swap, an editor or copy that keeps the old
+/// time, two writes within the clock's resolution), and a `touch` or a rewrite with the same
+/// bytes does nothing. `seen` is the content the running config came from. A bad file is
+/// logged and ignored; in-flight requests finish on the endpoints and scheduler they started
+/// with.
+async fn watch_config(
+    path: PathBuf,
+    mut seen: SeenConfig,
+    args: Arc<ServeArgs>,
+    proxy: Arc<Proxy>,
+) {
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     loop {
         tick.tick().await;
         let Ok(text) = tokio::fs::read_to_string(&path).await else {
             continue;
         };
-        if last.as_deref() == Some(text.as_str()) {
+        let Some(text) = seen.changed(text) else {
             continue;
-        }
-        last = Some(text.clone());
-        let result = FileConfig::from_yaml(&text)
+        };
+        let result = FileConfig::from_yaml(text)
             .map_err(anyhow::Error::from)
             .and_then(|file| proxy_config(&args, &file))
             .and_then(|config| Ok(proxy.reload(&config.endpoints, &config.scheduler)?));
@@ -175,11 +271,6 @@ async fn watch_config(path: PathBuf, args: Arc<ServeArgs>, proxy: Arc<Proxy>) {
             }
         }
     }
-}
-
-fn default_addr(text: &str) -> SocketAddr {
-    text.parse()
-        .unwrap_or(SocketAddr::from(([0, 0, 0, 0], 8080)))
 }
 
 /// Resolves on Ctrl-C or SIGTERM.
@@ -203,3 +294,6 @@ pub(crate) async fn shutdown_signal() {
         () = term => {},
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -14,10 +14,10 @@
 //! `kvgate_tokenize_prefix_skipped_tokens_total{model}`.
 
 use http::HeaderMap;
-use kvgate_kvcache::{KeyScope, KvIndex, block_keys};
+use kvgate_kvcache::{KeyScope, KvIndex, MmSpan, block_keys};
 use kvgate_request::SealedRequest;
 use kvgate_schedule::{EndpointState, RequestFacts};
-use kvgate_tokenize::{PrefixSession, TokenizeError};
+use kvgate_tokenize::{MmItem, PrefixSession, TokenizeError};
 
 use super::Proxy;
 use crate::error::ProxyError;
@@ -85,6 +85,20 @@ pub(crate) fn prefix_facts(facts: RequestFacts, session: &PrefixSession) -> (Req
         facts.prompt_tokens = Some(total);
     }
     (facts, if complete { 0 } else { skipped })
+}
+
+/// The block-key spans of a prompt's multimodal items (render backend): each item's hash is
+/// the identifier vLLM folds into the keys of the blocks its placeholders overlap (and
+/// publishes in those blocks' `extra_keys`).
+fn mm_spans(items: Vec<MmItem>) -> Vec<MmSpan> {
+    items
+        .into_iter()
+        .map(|m| MmSpan {
+            identifier: m.hash,
+            offset: m.offset as usize,
+            length: m.length as usize,
+        })
+        .collect()
 }
 
 /// A prefix tokenization that stopped early, kept until the pick: see
@@ -198,13 +212,13 @@ impl Proxy {
             Ok(t) => {
                 let exact = t.exact;
                 // Move the first prompt's ids out rather than copying them.
-                let ids = t
+                let (ids, mm) = t
                     .prompts
                     .into_iter()
                     .next()
-                    .map(|p| p.token_ids)
+                    .map(|p| (p.token_ids, mm_spans(p.mm_items)))
                     .unwrap_or_default();
-                Ok((facts.with_tokens(ids, exact, Vec::new()), None))
+                Ok((facts.with_tokens(ids, exact, mm), None))
             }
             Err(TokenizeError::QueueFull) => Err(ProxyError::Overloaded("tokenizer queue full")),
             // Every fallback was logged and counted by the chain; route on load alone.

@@ -2,15 +2,33 @@
 
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Response, StatusCode, header};
-use http_body_util::{BodyExt, Limited};
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
 use kvgate_request::{SealedRequest, SseModelRewriter};
 use kvgate_schedule::SCORES_HEADER;
 
-use super::{HOP_BY_HOP, MAX_REWRITE_BODY, PREDICTED_HEADER, Proxy, REQUEST_ID, SERVED_BY, Sent};
+use super::{PREDICTED_HEADER, Proxy, REQUEST_ID, SERVED_BY, forward::Sent, pipeline::Pick};
 use crate::{
     body::{ProxyBody, Realized, RequestGuard, StreamBody, Tracker, UsageWatch, full},
     error::ProxyError,
 };
+
+/// Largest non-streamed (JSON) engine body kvgate buffers to restore an aliased model name.
+/// A larger body is streamed to the client unchanged, naming the canonical model: a complete
+/// answer with the other name serves the client better than a 502 for work already done.
+const MAX_REWRITE_BODY: usize = 64 << 20;
+
+/// Hop-by-hop headers, which a proxy must not forward.
+const HOP_BY_HOP: [&str; 8] = [
+    "connection",
+    "keep-alive",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "proxy-connection",
+    "te",
+    "trailer",
+    "upgrade",
+];
 
 impl Proxy {
     /// Turns the engine's response into the client's, restoring an aliased model name and
@@ -23,11 +41,15 @@ impl Proxy {
     ) -> Result<Response<ProxyBody>, (ProxyError, RequestGuard)> {
         let Sent {
             response,
-            endpoint: ep,
-            guards,
-            predicted,
-            scores,
-            mut log,
+            pick:
+                Pick {
+                    endpoint: ep,
+                    guards,
+                    predicted,
+                    scores,
+                    mut log,
+                    ..
+                },
         } = sent;
         let (mut parts, body) = response.into_parts();
         strip_hop_by_hop(&mut parts.headers);
@@ -66,6 +88,7 @@ impl Proxy {
             guards,
             realized,
             log,
+            sse_oversize: Some(self.metrics.sse_oversize.clone()),
             usage: if is_sse {
                 UsageWatch::sse()
             } else if is_json {
@@ -75,27 +98,34 @@ impl Proxy {
             },
         };
         match alias {
-            Some(asked) if is_json => {
-                let collected = Limited::new(body, MAX_REWRITE_BODY).collect().await;
-                let bytes = match collected {
-                    Ok(c) => c.to_bytes(),
-                    Err(e) => {
-                        let err = ProxyError::UpstreamBody {
-                            endpoint: ep.name().to_owned(),
-                            reason: e.to_string(),
-                        };
-                        return Err((err, guard));
-                    }
-                };
-                tracker.finish_with(&bytes);
-                let bytes =
-                    kvgate_request::rewrite_model_json(&bytes, &asked).map_or(bytes, Bytes::from);
-                parts
-                    .headers
-                    .insert(header::CONTENT_LENGTH, HeaderValue::from(bytes.len()));
-                guard.complete();
-                Ok(Response::from_parts(parts, full(bytes)))
-            }
+            Some(asked) if is_json => match collect_within(body, MAX_REWRITE_BODY).await {
+                Collected::Whole(bytes) => {
+                    tracker.finish_with(&bytes);
+                    let bytes = kvgate_request::rewrite_model_json(&bytes, &asked)
+                        .map_or(bytes, Bytes::from);
+                    parts
+                        .headers
+                        .insert(header::CONTENT_LENGTH, HeaderValue::from(bytes.len()));
+                    guard.complete();
+                    Ok(Response::from_parts(parts, full(bytes)))
+                }
+                Collected::TooLarge { head, rest } => {
+                    tracing::debug!(
+                        endpoint = %ep.name(),
+                        limit_bytes = MAX_REWRITE_BODY,
+                        "response too large to restore the model alias; forwarded unchanged"
+                    );
+                    let body = StreamBody::new(rest, None, guard, tracker).with_prefix(head);
+                    Ok(Response::from_parts(parts, body.boxed()))
+                }
+                Collected::Failed(e) => {
+                    let err = ProxyError::UpstreamBody {
+                        endpoint: ep.name().to_owned(),
+                        reason: e.to_string(),
+                    };
+                    Err((err, guard))
+                }
+            },
             Some(asked) if is_sse => {
                 parts.headers.remove(header::CONTENT_LENGTH);
                 let body =
@@ -108,6 +138,45 @@ impl Proxy {
             )),
         }
     }
+}
+
+/// An engine body read up to a limit.
+enum Collected {
+    /// All of it, within the limit.
+    Whole(Bytes),
+    /// Over the limit: what was read, and the unread rest.
+    TooLarge { head: Bytes, rest: Incoming },
+    /// The engine's body failed.
+    Failed(hyper::Error),
+}
+
+/// Reads `body` while it fits in `limit` bytes. A declared length over the limit reads
+/// nothing; trailers are dropped.
+async fn collect_within(mut body: Incoming, limit: usize) -> Collected {
+    if http_body::Body::size_hint(&body).lower() > limit as u64 {
+        return Collected::TooLarge {
+            head: Bytes::new(),
+            rest: body,
+        };
+    }
+    let mut buf = Vec::new();
+    while let Some(frame) = body.frame().await {
+        let data = match frame {
+            Ok(frame) => match frame.into_data() {
+                Ok(data) => data,
+                Err(_trailers) => continue,
+            },
+            Err(e) => return Collected::Failed(e),
+        };
+        buf.extend_from_slice(&data);
+        if buf.len() > limit {
+            return Collected::TooLarge {
+                head: Bytes::from(buf),
+                rest: body,
+            };
+        }
+    }
+    Collected::Whole(Bytes::from(buf))
 }
 
 pub(super) fn json_response(status: StatusCode, body: Bytes) -> Response<ProxyBody> {

@@ -1,0 +1,133 @@
+//! The admin server's routes, on their own listener:
+//!
+//! | path | answer |
+//! |---|---|
+//! | `GET /health` | `200 ok` while the process serves |
+//! | `GET /ready` | `200` when some endpoint is healthy, else `503` |
+//! | `GET /metrics` | every metric family, OpenMetrics text |
+//! | `GET /debug/state.json` | the endpoint registry's [`StateSnapshot`](kvgate_schedule::StateSnapshot) as JSON |
+//! | `GET /debug/state` | the same as an HTML table (`admin/state.html`) |
+//!
+//! `HEAD` works wherever `GET` does. Another method on a known path gets `405` with an `Allow`
+//! header, an unknown path `404`; both, and any failure, carry the proxy's JSON error body
+//! `{"error":{"message","type","code"}}`.
+
+mod state_page;
+#[cfg(test)]
+mod tests;
+
+use std::{sync::Arc, time::Instant};
+
+use axum::{
+    Router,
+    body::Body,
+    extract::State,
+    http::{HeaderValue, Method, StatusCode, Uri, header},
+    response::{IntoResponse, Response},
+    routing::get,
+};
+use kvgate_request::ErrorBody;
+use prometheus_client::registry::Registry;
+
+use crate::Proxy;
+
+/// What every admin handler reads.
+#[derive(Debug, Clone)]
+struct AdminState {
+    /// Readiness and the endpoint registry's snapshot.
+    proxy: Arc<Proxy>,
+    /// Every metric family, encoded on each `/metrics` scrape.
+    metrics: Arc<Registry>,
+}
+
+/// The admin routes over `proxy` and the metric families in `metrics`.
+pub(crate) fn router(proxy: Arc<Proxy>, metrics: Arc<Registry>) -> Router {
+    Router::new()
+        .route("/health", get(health))
+        .route("/ready", get(ready))
+        .route("/metrics", get(encode_metrics))
+        .route("/debug/state.json", get(state_json))
+        .route("/debug/state", get(state_page))
+        // After the routes: it applies to the routes already added.
+        .method_not_allowed_fallback(method_not_allowed)
+        .fallback(not_found)
+        .with_state(AdminState { proxy, metrics })
+}
+
+async fn health() -> Response {
+    text(StatusCode::OK, "ok\n")
+}
+
+async fn ready(State(state): State<AdminState>) -> Response {
+    if state.proxy.is_ready() {
+        text(StatusCode::OK, "ready\n")
+    } else {
+        text(StatusCode::SERVICE_UNAVAILABLE, "no healthy endpoint\n")
+    }
+}
+
+async fn encode_metrics(State(state): State<AdminState>) -> Response {
+    let mut out = String::new();
+    match prometheus_client::encoding::text::encode(&mut out, &state.metrics) {
+        Ok(()) => with_type(
+            out,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        ),
+        Err(e) => internal_error("encoding metrics", &e),
+    }
+}
+
+async fn state_json(State(state): State<AdminState>) -> Response {
+    let snapshot = state.proxy.registry().snapshot(Instant::now());
+    match serde_json::to_string_pretty(&snapshot) {
+        Ok(json) => with_type(json, "application/json"),
+        Err(e) => internal_error("encoding the state", &e),
+    }
+}
+
+async fn state_page(State(state): State<AdminState>) -> Response {
+    let snapshot = state.proxy.registry().snapshot(Instant::now());
+    match state_page::render(&snapshot) {
+        Ok(html) => with_type(html, "text/html; charset=utf-8"),
+        Err(e) => internal_error("rendering the state page", &e),
+    }
+}
+
+async fn not_found(method: Method, uri: Uri) -> Response {
+    let message = format!("no admin route for {method} {}", uri.path());
+    json_error(
+        StatusCode::NOT_FOUND,
+        ErrorBody::new(message, "not_found_error", "not_found"),
+    )
+}
+
+async fn method_not_allowed(method: Method, uri: Uri) -> Response {
+    let message = format!("method {method} is not allowed on {}", uri.path());
+    json_error(
+        StatusCode::METHOD_NOT_ALLOWED,
+        ErrorBody::new(message, "invalid_request_error", "method_not_allowed"),
+    )
+}
+
+fn internal_error(what: &str, error: &dyn std::fmt::Display) -> Response {
+    tracing::error!(error = %error, what, "admin route failed");
+    json_error(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        ErrorBody::new(format!("{what}: {error}"), "internal_error", "internal"),
+    )
+}
+
+fn json_error(status: StatusCode, body: ErrorBody) -> Response {
+    (status, with_type(body.to_json(), "application/json")).into_response()
+}
+
+fn text(status: StatusCode, body: &'static str) -> Response {
+    (status, with_type(body, "text/plain; charset=utf-8")).into_response()
+}
+
+fn with_type(body: impl Into<Body>, content_type: &'static str) -> Response {
+    let mut resp = Response::new(body.into());
+    resp.headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    resp
+}

@@ -1,0 +1,177 @@
+//! The admin routes over a real listener: exact statuses, content types and bodies.
+
+use tokio::{
+    io::{AsyncReadExt, AsyncWriteExt},
+    net::TcpStream,
+};
+
+use crate::{
+    EndpointConfig, ProxyConfig,
+    test_util::{RunningProxy, dead_addr},
+};
+
+/// A proxy in front of one endpoint where nothing listens, labelled with markup.
+async fn start() -> (RunningProxy, String) {
+    let url = format!("http://{}", dead_addr());
+    let mut endpoint = EndpointConfig::new(url.clone());
+    endpoint
+        .labels
+        .insert("team".into(), "<script>alert(1)</script>".into());
+    let config = ProxyConfig {
+        endpoints: vec![endpoint],
+        models_refresh: None,
+        ..ProxyConfig::default()
+    };
+    let name = url.trim_start_matches("http://").to_owned();
+    (RunningProxy::start(config).await, name)
+}
+
+/// One parsed HTTP/1.1 response.
+#[derive(Debug)]
+struct Reply {
+    status: u16,
+    /// Header lines, names lowercased.
+    headers: Vec<(String, String)>,
+    body: String,
+}
+
+impl Reply {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// Sends `METHOD path` with `Connection: close` and reads the whole answer.
+async fn exchange(proxy: &RunningProxy, method: &str, path: &str) -> Reply {
+    let mut stream = TcpStream::connect(proxy.admin).await.unwrap();
+    let request = format!(
+        "{method} {path} HTTP/1.1\r\nhost: admin\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+    );
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut raw = Vec::new();
+    stream.read_to_end(&mut raw).await.unwrap();
+    let raw = String::from_utf8(raw).unwrap();
+    let (head, body) = raw.split_once("\r\n\r\n").unwrap();
+    let mut lines = head.lines();
+    let status = lines
+        .next()
+        .unwrap()
+        .split(' ')
+        .nth(1)
+        .unwrap()
+        .parse()
+        .unwrap();
+    let headers = lines
+        .filter_map(|l| l.split_once(": "))
+        .map(|(n, v)| (n.to_ascii_lowercase(), v.to_owned()))
+        .collect();
+    Reply {
+        status,
+        headers,
+        body: body.to_owned(),
+    }
+}
+
+fn error_json(message: &str, kind: &str, code: &str) -> String {
+    format!(r#"{{"error":{{"message":"{message}","type":"{kind}","code":"{code}"}}}}"#)
+}
+
+#[tokio::test]
+async fn wrong_method_is_405_and_unknown_path_404_both_json() {
+    let (proxy, _) = start().await;
+    let not_allowed = Some("GET,HEAD");
+    // (method, path, status, `Allow`): a known path with a method it does not serve, or a
+    // path with no route whatever the method.
+    let cases = [
+        ("POST", "/metrics", 405, not_allowed),
+        ("PUT", "/health", 405, not_allowed),
+        ("DELETE", "/ready", 405, not_allowed),
+        ("POST", "/debug/state", 405, not_allowed),
+        ("PATCH", "/debug/state.json", 405, not_allowed),
+        ("GET", "/nope", 404, None),
+        ("POST", "/nope", 404, None),
+        ("GET", "/debug", 404, None),
+        ("GET", "/metrics/", 404, None),
+        ("GET", "/v1/chat/completions", 404, None),
+    ];
+    for (method, path, status, allow) in cases {
+        let reply = exchange(&proxy, method, path).await;
+        let want = if status == 405 {
+            error_json(
+                &format!("method {method} is not allowed on {path}"),
+                "invalid_request_error",
+                "method_not_allowed",
+            )
+        } else {
+            error_json(
+                &format!("no admin route for {method} {path}"),
+                "not_found_error",
+                "not_found",
+            )
+        };
+        assert_eq!(
+            (reply.status, reply.body.as_str()),
+            (status, want.as_str()),
+            "{method} {path}"
+        );
+        let content_type = reply.header("content-type");
+        assert_eq!(content_type, Some("application/json"), "{method} {path}");
+        assert_eq!(reply.header("allow"), allow, "{method} {path}");
+    }
+}
+
+#[tokio::test]
+async fn every_admin_path_answers_get() {
+    let (proxy, name) = start().await;
+    let html_cell = format!("<td>{name}</td>");
+    let url_json = format!("\"name\": \"{name}\"");
+    // (method, path, content type, a piece of the body)
+    let cases = [
+        ("GET", "/health", "text/plain; charset=utf-8", "ok\n"),
+        (
+            "GET",
+            "/metrics",
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            "kvgate_accept_errors_total{listener=\"admin\"} 0\n",
+        ),
+        (
+            "GET",
+            "/debug/state",
+            "text/html; charset=utf-8",
+            html_cell.as_str(),
+        ),
+        (
+            "GET",
+            "/debug/state.json",
+            "application/json",
+            url_json.as_str(),
+        ),
+        ("HEAD", "/health", "text/plain; charset=utf-8", ""),
+    ];
+    for (method, path, content_type, piece) in cases {
+        let reply = exchange(&proxy, method, path).await;
+        assert_eq!(reply.status, 200, "{method} {path}: {reply:?}");
+        assert_eq!(reply.header("content-type"), Some(content_type), "{path}");
+        assert!(
+            reply.body.contains(piece),
+            "{method} {path}: {}",
+            reply.body
+        );
+    }
+    assert_eq!(exchange(&proxy, "GET", "/health").await.body, "ok\n");
+    assert_eq!(exchange(&proxy, "HEAD", "/health").await.body, "");
+}
+
+#[tokio::test]
+async fn state_page_escapes_labels() {
+    let (proxy, _) = start().await;
+    let page = exchange(&proxy, "GET", "/debug/state").await.body;
+    assert!(!page.contains("<script"), "{page}");
+    assert!(
+        page.contains("team=&lt;script&gt;alert(1)&lt;&#x2f;script&gt;"),
+        "{page}"
+    );
+}

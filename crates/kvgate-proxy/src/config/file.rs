@@ -1,0 +1,280 @@
+//! The `kvgate.yaml` shape, as written by the operator: every section with its defaults.
+//! [`ProxyConfig::merge_file`](super::ProxyConfig::merge_file) turns it into the runtime
+//! config.
+
+use std::{net::SocketAddr, path::PathBuf, time::Duration};
+
+use kvgate_kvcache::{IndexConfig, TierWeights};
+use kvgate_schedule::{EndpointConfig, PluginSpec, ProfileSpec, RegistryConfig, SchedulingSpec};
+use kvgate_tokenize::{BackendKind, TokenizeConfig};
+use serde::Deserialize;
+
+use super::{ConfigError, DEFAULT_CONNECT_TIMEOUT, DEFAULT_POOL_IDLE_TIMEOUT};
+#[cfg(doc)]
+use super::{DEFAULT_ADMIN_LISTEN, DEFAULT_LISTEN, ProxyConfig};
+
+/// `kvgate.yaml` as written by the operator (ARCHITECTURE §5). Unknown keys are errors.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileConfig {
+    /// Proxy listen address; defaults to [`DEFAULT_LISTEN`] (`0.0.0.0:8080`).
+    pub listen: Option<SocketAddr>,
+    /// Admin listen address (`/health`, `/ready`, `/metrics`, `/debug/state`); defaults to
+    /// [`DEFAULT_ADMIN_LISTEN`] (`0.0.0.0:9090`).
+    pub admin_listen: Option<SocketAddr>,
+    /// Engine endpoints (`url`, `labels`, `kv_events`, `kv_replay`, `model`, `block_size`).
+    #[serde(default)]
+    pub endpoints: Vec<EndpointConfig>,
+    /// Models: aliases and how to tokenize them.
+    #[serde(default)]
+    pub models: Vec<ModelConfig>,
+    /// Tokenizer pool settings.
+    #[serde(default)]
+    pub tokenize: TokenizePool,
+    /// Endpoint scraping and health settings.
+    #[serde(default)]
+    pub engines: Option<RegistryConfig>,
+    /// Scheduler plugin instances.
+    #[serde(default)]
+    pub plugins: Vec<PluginSpec>,
+    /// Scheduler profiles.
+    #[serde(default)]
+    pub profiles: Vec<ProfileSpec>,
+    /// Profile handler selection.
+    #[serde(default)]
+    pub scheduling: SchedulingSpec,
+    /// Seed of the scheduler's random pickers (absent: OS entropy).
+    #[serde(default)]
+    pub seed: Option<u64>,
+    /// The KV-cache index (read at startup; a reload does not change it).
+    #[serde(default)]
+    pub kv_index: KvIndexSpec,
+    /// Connections to the engines (read at startup; a reload does not change them).
+    #[serde(default)]
+    pub upstream: UpstreamSpec,
+    /// Sharing in-flight load with other kvgate replicas (absent: off; read at startup).
+    #[serde(default)]
+    pub replica_sync: Option<ReplicaSyncSpec>,
+}
+
+/// `replica_sync:`: router replicas in front of one fleet tell each other what they
+/// dispatch, so each one's load view is the fleet's (see `kvgate-replica`). Give every
+/// replica the same `peers` list; its own address in it is skipped.
+///
+/// ```yaml
+/// replica_sync:
+///   listen: tcp://0.0.0.0:5600
+///   peers: [tcp://kvgate-0:5600, tcp://kvgate-1:5600]
+///   heartbeat_ms: 250
+///   peer_timeout_ms: 2000
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReplicaSyncSpec {
+    /// ZeroMQ endpoint this replica publishes on.
+    pub listen: String,
+    /// Every replica's `listen` address (this one's may be included).
+    #[serde(default)]
+    pub peers: Vec<String>,
+    /// How often the list of live requests goes out, in milliseconds (default 250).
+    #[serde(default = "default_heartbeat_ms")]
+    pub heartbeat_ms: u64,
+    /// A replica silent this long is forgotten with its requests, in milliseconds (default
+    /// 2000; must exceed `heartbeat_ms`).
+    #[serde(default = "default_peer_timeout_ms")]
+    pub peer_timeout_ms: u64,
+}
+
+fn default_heartbeat_ms() -> u64 {
+    250
+}
+
+fn default_peer_timeout_ms() -> u64 {
+    2000
+}
+
+impl ReplicaSyncSpec {
+    /// The runtime form.
+    pub fn to_sync_config(&self) -> kvgate_replica::ReplicaSyncConfig {
+        kvgate_replica::ReplicaSyncConfig {
+            heartbeat: Duration::from_millis(self.heartbeat_ms),
+            peer_timeout: Duration::from_millis(self.peer_timeout_ms),
+            ..kvgate_replica::ReplicaSyncConfig::new(self.listen.clone(), self.peers.clone())
+        }
+    }
+}
+
+/// `kv_index:`: the KV-cache index every prefix scorer reads.
+///
+/// ```yaml
+/// kv_index:
+///   default_capacity_blocks: 1048576
+///   speculative_ttl_ms: 2000
+///   tier_weights: { gpu: 1.0, cpu: 0.8, disk: 0.5 }
+///   gallop: true
+/// ```
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct KvIndexSpec {
+    /// Holdings kept per endpoint when the endpoint's `capacity_blocks` is not known, in blocks
+    /// (default 1,048,576; must be greater than 0). The least recently used go first.
+    pub default_capacity_blocks: usize,
+    /// How long a routing decision's speculative holdings live, in milliseconds (default
+    /// 2000; must be greater than 0): long enough for the engine's own KV events to arrive.
+    pub speculative_ttl_ms: u64,
+    /// What a matched block counts for by where the engine holds it.
+    pub tier_weights: TierWeightsSpec,
+    /// Skip runs of blocks with the same holders while scoring (default true); false walks
+    /// block by block.
+    pub gallop: bool,
+}
+
+impl Default for KvIndexSpec {
+    fn default() -> Self {
+        let d = IndexConfig::default();
+        Self {
+            default_capacity_blocks: d.default_capacity_blocks,
+            speculative_ttl_ms: d.speculative_ttl.as_millis() as u64,
+            tier_weights: TierWeightsSpec::default(),
+            gallop: d.gallop,
+        }
+    }
+}
+
+impl KvIndexSpec {
+    /// The index config these settings describe (validated by [`ProxyConfig::validate`]).
+    pub fn to_index_config(&self) -> IndexConfig {
+        IndexConfig {
+            default_capacity_blocks: self.default_capacity_blocks,
+            speculative_ttl: Duration::from_millis(self.speculative_ttl_ms),
+            tier_weights: TierWeights {
+                gpu: self.tier_weights.gpu,
+                cpu: self.tier_weights.cpu,
+                disk: self.tier_weights.disk,
+            },
+            gallop: self.gallop,
+        }
+    }
+}
+
+/// `kv_index.tier_weights:`: each a finite number, not negative.
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TierWeightsSpec {
+    /// A block in GPU memory (default 1.0).
+    pub gpu: f64,
+    /// A block offloaded to CPU memory (default 0.8).
+    pub cpu: f64,
+    /// A block offloaded to disk or other storage (default 0.5).
+    pub disk: f64,
+}
+
+impl Default for TierWeightsSpec {
+    fn default() -> Self {
+        let d = TierWeights::default();
+        Self {
+            gpu: d.gpu,
+            cpu: d.cpu,
+            disk: d.disk,
+        }
+    }
+}
+
+/// `upstream:`: the pooled keep-alive client kvgate forwards through.
+///
+/// ```yaml
+/// upstream:
+///   connect_timeout_ms: 5000
+///   pool_idle_timeout_ms: 90000
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct UpstreamSpec {
+    /// TCP connect timeout per attempt, in milliseconds (default 5000; must be greater than
+    /// 0). A timed-out connect is retried on another endpoint like a refused one.
+    pub connect_timeout_ms: u64,
+    /// How long an idle pooled connection to an engine is kept, in milliseconds (default
+    /// 90000; must be greater than 0).
+    pub pool_idle_timeout_ms: u64,
+}
+
+impl Default for UpstreamSpec {
+    fn default() -> Self {
+        Self {
+            connect_timeout_ms: DEFAULT_CONNECT_TIMEOUT.as_millis() as u64,
+            pool_idle_timeout_ms: DEFAULT_POOL_IDLE_TIMEOUT.as_millis() as u64,
+        }
+    }
+}
+
+/// A model name, the aliases clients may use for it, and its tokenizer.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelConfig {
+    /// The canonical name, as the engines serve it.
+    pub name: String,
+    /// Other names clients may send; the canonical name is spliced in before forwarding.
+    #[serde(default)]
+    pub aliases: Vec<String>,
+    /// How kvgate computes this model's prompt tokens (absent: estimate only).
+    #[serde(default)]
+    pub tokenizer: Option<TokenizerSpec>,
+}
+
+/// `models[].tokenizer`: the backends of the model's tokenizer chain.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TokenizerSpec {
+    /// Directory with `tokenizer.json` and `tokenizer_config.json` (optionally `.gz`).
+    #[serde(default)]
+    pub local: Option<PathBuf>,
+    /// Base URL of an engine (or render server) answering `/v1/*/render`.
+    #[serde(default)]
+    pub render: Option<String>,
+    /// Explicit backend order (default: local, render, estimate — those configured).
+    #[serde(default)]
+    pub backends: Option<Vec<BackendKind>>,
+    /// Render timeout for text requests, in milliseconds (default 5000).
+    #[serde(default)]
+    pub render_timeout_ms: Option<u64>,
+    /// Render timeout when content parts hold media, in milliseconds (default 30000).
+    #[serde(default)]
+    pub render_media_timeout_ms: Option<u64>,
+}
+
+/// `tokenize:`: the blocking pool shared by every model's local tokenizer.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TokenizePool {
+    /// Threads tokenizing off the async runtime.
+    pub pool_threads: usize,
+    /// Requests that may wait for a thread; beyond that a request gets 503.
+    pub queue_limit: usize,
+    /// Bound of the segment cache, in tokens.
+    pub prefix_cache_max_tokens: u64,
+    /// Precise routing with a local tokenizer tokenizes only the prompt prefix the KV index
+    /// can match (default true); see [`ProxyConfig::tokenize_prefix`].
+    pub prefix_only: bool,
+}
+
+impl Default for TokenizePool {
+    fn default() -> Self {
+        let d = TokenizeConfig::default();
+        Self {
+            pool_threads: d.pool_threads,
+            queue_limit: d.queue_limit,
+            prefix_cache_max_tokens: d.prefix_cache_max_tokens,
+            prefix_only: true,
+        }
+    }
+}
+
+impl FileConfig {
+    /// Parses `kvgate.yaml` text.
+    ///
+    /// # Errors
+    /// [`ConfigError::Yaml`] with serde-saphyr's message, which names line and column.
+    pub fn from_yaml(text: &str) -> Result<FileConfig, ConfigError> {
+        serde_saphyr::from_str(text).map_err(|e| ConfigError::Yaml(e.to_string()))
+    }
+}

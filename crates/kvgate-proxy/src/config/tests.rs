@@ -1,0 +1,195 @@
+use std::path::PathBuf;
+
+use super::*;
+
+#[test]
+fn parses_the_documented_shape() {
+    let yaml = "listen: 127.0.0.1:8080\nendpoints:\n  - url: http://10.0.0.1:8000\nmodels:\n  - name: Qwen/Qwen3-0.6B\n    aliases: [qwen, small]\n";
+    let file = FileConfig::from_yaml(yaml).unwrap();
+    let mut cfg = ProxyConfig::default();
+    cfg.merge_file(&file).unwrap();
+    assert_eq!(cfg.endpoints[0].url, "http://10.0.0.1:8000");
+    assert!(cfg.scheduler.is_empty());
+    assert_eq!(cfg.aliases["qwen"], "Qwen/Qwen3-0.6B");
+    assert_eq!(cfg.aliases["small"], "Qwen/Qwen3-0.6B");
+    assert_eq!(cfg.models, vec!["Qwen/Qwen3-0.6B".to_owned()]);
+}
+
+#[test]
+fn unknown_key_error_names_the_line() {
+    let yaml = "listen: 127.0.0.1:8080\nendpoints:\n  - url: http://a:1\n    weight: 3\n";
+    let err = FileConfig::from_yaml(yaml).unwrap_err().to_string();
+    assert!(err.contains("weight"), "{err}");
+    assert!(err.contains('4'), "line 4 not named: {err}");
+}
+
+#[test]
+fn full_shape_with_tokenizer_kv_events_and_plugins() {
+    let yaml = "endpoints:\n  - url: http://a:1\n    kv_events: tcp://a:5557\n    model: m\nmodels:\n  - name: m\n    aliases: [x]\n    tokenizer: { local: /tok, render: http://a:1 }\nplugins:\n  - type: queue-scorer\ntokenize: { pool_threads: 3 }\n";
+    let file = FileConfig::from_yaml(yaml).unwrap();
+    let mut cfg = ProxyConfig::default();
+    cfg.merge_file(&file).unwrap();
+    assert_eq!(cfg.endpoints[0].kv_events.as_deref(), Some("tcp://a:5557"));
+    assert_eq!(cfg.tokenize.pool_threads, 3);
+    assert_eq!(
+        cfg.tokenize.models[0].tokenizer_dir,
+        Some(PathBuf::from("/tok"))
+    );
+    assert_eq!(
+        cfg.tokenize.models[0].render_url.as_deref(),
+        Some("http://a:1")
+    );
+    assert_eq!(cfg.scheduler.plugins.len(), 1);
+}
+
+#[test]
+fn endpoint_flags() {
+    let mut cfg = ProxyConfig::default();
+    cfg.add_endpoint_flag("http://a:1,kv=tcp://a:5557,replay=tcp://a:5558,label=role=decode")
+        .unwrap();
+    cfg.add_alias("x", "m").unwrap();
+    cfg.default_endpoint_models();
+    let ep = &cfg.endpoints[0];
+    assert_eq!(ep.url, "http://a:1");
+    assert_eq!(ep.kv_events.as_deref(), Some("tcp://a:5557"));
+    assert_eq!(ep.kv_replay.as_deref(), Some("tcp://a:5558"));
+    assert_eq!(ep.model.as_deref(), Some("m"));
+    assert_eq!(ep.labels["role"], "decode");
+    for (bad, reason) in [
+        ("", "missing URL"),
+        ("http://a:1,bogus=1", "unknown option"),
+        ("http://a:1,kv", "options are KEY=VALUE"),
+        ("http://a:1,label=x", "label is label=KEY=VALUE"),
+    ] {
+        let err = cfg.add_endpoint_flag(bad).unwrap_err();
+        assert!(
+            matches!(&err, ConfigError::BadEndpointFlag { flag, .. } if flag == bad),
+            "{bad}: {err:?}"
+        );
+        let msg = err.to_string();
+        assert!(msg.contains(&format!("`{bad}`")), "{bad}: {msg}");
+        assert!(msg.contains(reason), "{bad}: {msg}");
+    }
+}
+
+#[test]
+fn alias_conflicts_and_flags() {
+    let mut cfg = ProxyConfig::default();
+    cfg.add_alias_flag("a=m1").unwrap();
+    cfg.add_alias_flag("a=m1").unwrap();
+    let err = cfg.add_alias_flag("a=m2").unwrap_err();
+    assert!(
+        matches!(&err, ConfigError::AmbiguousAlias { alias, first, second }
+            if alias == "a" && first == "m1" && second == "m2"),
+        "{err:?}"
+    );
+    assert_eq!(
+        err.to_string(),
+        "alias `a` is ambiguous: it maps to `m1` and `m2`"
+    );
+    for bad in ["nomodel", "=m", "a="] {
+        let err = cfg.add_alias_flag(bad).unwrap_err();
+        assert!(
+            matches!(&err, ConfigError::BadAliasFlag(flag) if flag == bad),
+            "{bad}: {err:?}"
+        );
+        assert!(err.to_string().contains(&format!("`{bad}`")), "{err}");
+    }
+}
+
+#[test]
+fn kv_index_and_upstream_sections() {
+    let yaml = "kv_index:\n  default_capacity_blocks: 4096\n  speculative_ttl_ms: 500\n  tier_weights: { cpu: 0.5 }\n  gallop: false\nupstream: { connect_timeout_ms: 250, pool_idle_timeout_ms: 1000 }\n";
+    let mut cfg = ProxyConfig::default();
+    cfg.merge_file(&FileConfig::from_yaml(yaml).unwrap())
+        .unwrap();
+    assert_eq!(cfg.kv_index.default_capacity_blocks, 4096);
+    assert_eq!(cfg.kv_index.speculative_ttl, Duration::from_millis(500));
+    let w = cfg.kv_index.tier_weights;
+    assert_eq!((w.gpu, w.cpu, w.disk), (1.0, 0.5, 0.5));
+    assert!(!cfg.kv_index.gallop);
+    assert_eq!(cfg.connect_timeout, Duration::from_millis(250));
+    assert_eq!(cfg.pool_idle_timeout, Duration::from_millis(1000));
+
+    // Absent sections keep the documented defaults, which are the runtime defaults.
+    let mut cfg = ProxyConfig::default();
+    cfg.merge_file(&FileConfig::default()).unwrap();
+    let (d, ix) = (ProxyConfig::default(), IndexConfig::default());
+    assert_eq!(cfg.connect_timeout, Duration::from_secs(5));
+    assert_eq!(cfg.pool_idle_timeout, Duration::from_secs(90));
+    assert_eq!(
+        (cfg.connect_timeout, cfg.pool_idle_timeout),
+        (d.connect_timeout, d.pool_idle_timeout)
+    );
+    assert_eq!(
+        cfg.kv_index.default_capacity_blocks,
+        ix.default_capacity_blocks
+    );
+    assert_eq!(cfg.kv_index.speculative_ttl, ix.speculative_ttl);
+    assert_eq!(cfg.kv_index.tier_weights, ix.tier_weights);
+    assert_eq!(cfg.kv_index.gallop, ix.gallop);
+
+    let err = FileConfig::from_yaml("upstream: { connect_timeout: 5 }\n")
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("connect_timeout"), "{err}");
+}
+
+/// Each row sets one value out of range; the error names exactly that field.
+#[test]
+fn out_of_range_settings_name_their_field() {
+    let cases: [(&str, &str); 7] = [
+        (
+            "upstream: { connect_timeout_ms: 0 }",
+            "upstream.connect_timeout_ms",
+        ),
+        (
+            "upstream: { pool_idle_timeout_ms: 0 }",
+            "upstream.pool_idle_timeout_ms",
+        ),
+        (
+            "kv_index: { default_capacity_blocks: 0 }",
+            "kv_index.default_capacity_blocks",
+        ),
+        (
+            "kv_index: { speculative_ttl_ms: 0 }",
+            "kv_index.speculative_ttl_ms",
+        ),
+        (
+            "kv_index: { tier_weights: { gpu: -1.0 } }",
+            "kv_index.tier_weights.gpu",
+        ),
+        (
+            "kv_index: { tier_weights: { cpu: .nan } }",
+            "kv_index.tier_weights.cpu",
+        ),
+        (
+            "kv_index: { tier_weights: { disk: .inf } }",
+            "kv_index.tier_weights.disk",
+        ),
+    ];
+    for (yaml, field) in cases {
+        let file = FileConfig::from_yaml(yaml).unwrap_or_else(|e| panic!("{yaml}: {e}"));
+        let err = ProxyConfig::default().merge_file(&file).unwrap_err();
+        match &err {
+            ConfigError::Invalid(issues) => {
+                let fields: Vec<&str> = issues.iter().map(|i| i.field).collect();
+                assert_eq!(fields, [field], "{yaml}");
+            }
+            other => panic!("{yaml}: {other:?}"),
+        }
+        assert!(err.to_string().contains(field), "{yaml}: {err}");
+    }
+    // Every issue is reported at once.
+    let cfg = ProxyConfig {
+        connect_timeout: Duration::ZERO,
+        pool_idle_timeout: Duration::ZERO,
+        ..ProxyConfig::default()
+    };
+    let err = cfg.validate().unwrap_err().to_string();
+    assert_eq!(
+        err,
+        "config: upstream.connect_timeout_ms: must be greater than 0; \
+         upstream.pool_idle_timeout_ms: must be greater than 0"
+    );
+}

@@ -1,0 +1,160 @@
+//! Building the [`Proxy`] from a [`ProxyConfig`], and applying a changed config file to it.
+
+use std::sync::{Arc, Mutex};
+
+use arc_swap::ArcSwap;
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper_util::client::legacy::{Client, connect::HttpConnector};
+use hyper_util::rt::{TokioExecutor, TokioTimer};
+use kvgate_kvcache::{KvIndex, KvMetrics};
+use kvgate_schedule::{
+    EndpointConfig, EndpointRegistry, RegistryHandles, ScheduleMetrics, Scheduler, SchedulerConfig,
+    SchedulerHandles,
+};
+use kvgate_tokenize::TokenizeService;
+use prometheus_client::registry::Registry;
+use tokio_util::sync::CancellationToken;
+
+use super::Proxy;
+use crate::{
+    config::{ConfigError, ProxyConfig},
+    decision_log::DecisionLog,
+    metrics::ProxyMetrics,
+};
+
+impl Proxy {
+    /// Builds the proxy: the endpoint registry (scrape tasks, KV-event subscribers), the
+    /// scheduler and the tokenizer chains. Must run inside a tokio runtime. Metrics are
+    /// registered into `registry` under `kvgate_…` names.
+    ///
+    /// # Errors
+    /// [`ConfigError`] for no endpoints, a setting out of range ([`ProxyConfig::validate`]),
+    /// a bad endpoint, scheduler config or tokenizer.
+    pub fn new(config: ProxyConfig, registry: &mut Registry) -> Result<Arc<Proxy>, ConfigError> {
+        if config.endpoints.is_empty() {
+            return Err(ConfigError::NoEndpoints);
+        }
+        config.validate()?;
+        let kv_index = KvIndex::new(config.kv_index.clone(), KvMetrics::new(registry));
+        let schedule_metrics = ScheduleMetrics::new(registry);
+        let tokenizer = TokenizeService::new(&config.tokenize, registry)?;
+        let metrics = ProxyMetrics::new(registry.sub_registry_with_prefix("kvgate"));
+        let cancel = CancellationToken::new();
+        let endpoints = EndpointRegistry::new(
+            config.engines.clone(),
+            RegistryHandles {
+                kv_index: kv_index.clone(),
+                metrics: schedule_metrics.clone(),
+                cancel: cancel.clone(),
+            },
+        )?;
+        endpoints.reconcile(&config.endpoints)?;
+        let handles = SchedulerHandles {
+            kv_index,
+            metrics: schedule_metrics,
+            precise: endpoints.has_kv_events(),
+        };
+        let scheduler = Scheduler::from_config(&config.scheduler, &handles)?;
+        let decision_log = match &config.decision_log {
+            Some(path) => Some(
+                DecisionLog::open(path, registry)
+                    .map_err(|e| ConfigError::DecisionLog(format!("{}: {e}", path.display())))?,
+            ),
+            None => None,
+        };
+        let client = upstream_client(&config);
+        let replica_metrics = config
+            .replica_sync
+            .as_ref()
+            .map(|_| kvgate_replica::SyncMetrics::new(registry));
+        Ok(Arc::new(Proxy {
+            config,
+            registry: Arc::new(endpoints),
+            scheduler: ArcSwap::from_pointee(scheduler),
+            handles,
+            tokenizer,
+            client,
+            metrics,
+            model_objects: Mutex::default(),
+            decision_log,
+            cancel,
+            replica_metrics,
+            replica: std::sync::OnceLock::new(),
+        }))
+    }
+
+    /// Applies a changed config file: the endpoint list and the scheduler's plugins and
+    /// profiles. In-flight requests keep the endpoints and scheduler they started with.
+    ///
+    /// # Errors
+    /// [`ConfigError`]; on error nothing changes.
+    pub fn reload(
+        &self,
+        endpoints: &[EndpointConfig],
+        scheduler: &SchedulerConfig,
+    ) -> Result<(), ConfigError> {
+        let handles = SchedulerHandles {
+            precise: self.handles.precise || endpoints.iter().any(|e| e.kv_events.is_some()),
+            ..self.handles.clone()
+        };
+        let next = Scheduler::from_config(scheduler, &handles)?;
+        let report = self.registry.reconcile(endpoints)?;
+        self.scheduler.store(Arc::new(next));
+        tracing::info!(added = ?report.added, removed = ?report.removed, kept = report.kept.len(), "config reloaded");
+        Ok(())
+    }
+}
+
+/// The pooled keep-alive client every upstream request (and model discovery) goes through.
+fn upstream_client(config: &ProxyConfig) -> Client<HttpConnector, Full<Bytes>> {
+    let mut connector = HttpConnector::new();
+    connector.set_nodelay(true);
+    connector.set_connect_timeout(Some(config.connect_timeout));
+    Client::builder(TokioExecutor::new())
+        .pool_idle_timeout(config.pool_idle_timeout)
+        .pool_timer(TokioTimer::new())
+        .build(connector)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    /// Construction rejects what validation rejects, before starting anything.
+    #[test]
+    fn bad_settings_are_rejected_by_name() {
+        let endpoints = vec![EndpointConfig::new("http://127.0.0.1:1")];
+        let cases = [
+            (
+                "no endpoints",
+                ProxyConfig::default(),
+                "no endpoints configured",
+            ),
+            (
+                "zero connect timeout",
+                ProxyConfig {
+                    endpoints: endpoints.clone(),
+                    connect_timeout: Duration::ZERO,
+                    ..ProxyConfig::default()
+                },
+                "upstream.connect_timeout_ms",
+            ),
+            (
+                "zero pool idle timeout",
+                ProxyConfig {
+                    endpoints,
+                    pool_idle_timeout: Duration::ZERO,
+                    ..ProxyConfig::default()
+                },
+                "upstream.pool_idle_timeout_ms",
+            ),
+        ];
+        for (name, config, names) in cases {
+            let err = Proxy::new(config, &mut Registry::default()).unwrap_err();
+            assert!(err.to_string().contains(names), "{name}: {err}");
+        }
+    }
+}

@@ -1,0 +1,305 @@
+//! The HTTP front door: one client request in, one response out. Reads the body within
+//! `max_body_bytes`, hands the bytes to the pipeline, then sends to each pick until an engine
+//! answers with headers (a connect failure or a reset before any response byte moves on to
+//! the next pick, up to `retries` times), and passes the answer to the response path.
+
+use std::{sync::Arc, time::Instant};
+
+use bytes::Bytes;
+use http::{HeaderMap, HeaderValue, Method, Response, StatusCode, header};
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
+use kvgate_request::{Api, SealedRequest};
+use kvgate_schedule::EndpointState;
+use tracing::Instrument;
+
+use super::{
+    Proxy, REQUEST_ID,
+    pipeline::{Pick, Routed},
+    request_id::request_id,
+    respond::{json_response, upstream_headers},
+};
+use crate::{
+    body::{ProxyBody, RequestGuard, full},
+    error::ProxyError,
+    metrics::{ApiLabels, EndpointLabels, ErrorLabels},
+};
+
+/// One upstream attempt's failure.
+enum AttemptError {
+    /// Failed before any response byte; another endpoint may be tried.
+    Retryable(String),
+    /// Not retried.
+    Fatal(ProxyError),
+}
+
+/// What a successful send hands to the response path.
+pub(super) struct Sent {
+    pub(super) response: Response<Incoming>,
+    pub(super) pick: Pick,
+}
+
+impl Proxy {
+    /// Serves one client request. Never fails: errors become OpenAI-shaped JSON responses.
+    pub async fn handle(self: Arc<Self>, req: http::Request<Incoming>) -> Response<ProxyBody> {
+        let request_id = request_id(req.headers());
+        let api = Api::from_path(req.uri().path());
+        let span = tracing::info_span!("request", request_id = %request_id, api = api.label());
+        let mut guard = RequestGuard::new(self.metrics.clone(), api, request_id.clone());
+        let mut resp = async {
+            let result = if req.method() == Method::GET && req.uri().path() == "/v1/models" {
+                let body = self.model_list().await;
+                guard.set_outcome(200, None);
+                guard.complete();
+                Ok(json_response(StatusCode::OK, body))
+            } else {
+                self.forward(req, api, &request_id, guard).await
+            };
+            result.unwrap_or_else(|(e, mut guard)| {
+                tracing::debug!(error = %e, reason = e.reason(), "request rejected");
+                self.metrics
+                    .errors
+                    .get_or_create(&ErrorLabels { reason: e.reason() })
+                    .inc();
+                guard.set_outcome(e.status().as_u16(), None);
+                guard.complete();
+                e.to_response().map(full)
+            })
+        }
+        .instrument(span)
+        .await;
+        if let Ok(v) = HeaderValue::from_str(&request_id) {
+            resp.headers_mut().insert(REQUEST_ID, v);
+        }
+        resp
+    }
+
+    /// Reads the body, runs the pipeline and forwards; the guard moves into the response body.
+    async fn forward(
+        &self,
+        req: http::Request<Incoming>,
+        api: Api,
+        request_id: &str,
+        guard: RequestGuard,
+    ) -> Result<Response<ProxyBody>, (ProxyError, RequestGuard)> {
+        let (parts, body) = req.into_parts();
+        let routed = match self.read_body(&parts.headers, body).await {
+            Ok(bytes) => self.route(api, bytes, &parts.headers, request_id).await,
+            Err(e) => Err(e),
+        };
+        let mut routed = match routed {
+            Ok(routed) => routed,
+            Err(e) => return Err((e, guard)),
+        };
+        let headers = upstream_headers(&parts.headers, request_id);
+        let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+        let sent = match self.send(&parts.method, path, &headers, &mut routed).await {
+            Ok(sent) => sent,
+            Err(e) => return Err((e, guard)),
+        };
+        self.metrics
+            .first_byte
+            .get_or_create(&ApiLabels { api: api.label() })
+            .observe(guard.start().elapsed().as_secs_f64());
+        self.respond(sent, routed.sealed(), guard).await
+    }
+
+    /// Reads the client's body: 413 beyond `max_body_bytes`, whether declared by
+    /// `content-length` or found while reading.
+    async fn read_body(&self, headers: &HeaderMap, body: Incoming) -> Result<Bytes, ProxyError> {
+        let limit = self.config.max_body_bytes;
+        let declared = headers
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok());
+        if declared.is_some_and(|len| len > limit as u64) {
+            return Err(ProxyError::BodyTooLarge { limit });
+        }
+        match Limited::new(body, limit).collect().await {
+            Ok(collected) => Ok(collected.to_bytes()),
+            Err(e) if e.is::<http_body_util::LengthLimitError>() => {
+                Err(ProxyError::BodyTooLarge { limit })
+            }
+            Err(e) => Err(ProxyError::ClientBody(e.to_string())),
+        }
+    }
+
+    /// Sends to the pipeline's picks until an endpoint answers with headers, within the retry
+    /// budget.
+    async fn send(
+        &self,
+        method: &Method,
+        path: &str,
+        headers: &HeaderMap,
+        routed: &mut Routed,
+    ) -> Result<Sent, ProxyError> {
+        let mut last: Option<(String, String)> = None;
+        for _attempt in 0..=self.config.retries {
+            let now = Instant::now();
+            let Some(mut pick) = self.next_pick(routed, now)? else {
+                break;
+            };
+            let ep = pick.endpoint.clone();
+            let mut headers = headers.clone();
+            for (name, value) in &pick.headers {
+                if let Ok(v) = HeaderValue::from_str(value) {
+                    headers.insert(*name, v);
+                }
+            }
+            match self
+                .attempt(&ep, method, path, &headers, routed.sealed())
+                .await
+            {
+                Ok(response) => {
+                    ep.record_success();
+                    return Ok(Sent { response, pick });
+                }
+                Err(AttemptError::Fatal(e)) => return Err(e),
+                Err(AttemptError::Retryable(reason)) => {
+                    if let Some(log) = &mut pick.log {
+                        log.retried();
+                    }
+                    tracing::warn!(endpoint = %ep.name(), error = %reason, "upstream attempt failed before any byte");
+                    self.metrics
+                        .retries
+                        .get_or_create(&EndpointLabels {
+                            endpoint: ep.name().to_owned(),
+                        })
+                        .inc();
+                    self.eject(&ep, now);
+                    last = Some((ep.name().to_owned(), reason));
+                }
+            }
+        }
+        let tried = routed.tried();
+        let attempts = tried.len() as u32;
+        let untried_healthy = self
+            .registry
+            .healthy(Instant::now())
+            .iter()
+            .any(|e| !tried.iter().any(|t| t == e.name()));
+        match last {
+            Some((endpoint, reason)) if untried_healthy => Err(ProxyError::UpstreamUnavailable {
+                endpoint,
+                reason,
+                attempts,
+            }),
+            Some((endpoint, reason)) => Err(ProxyError::NoHealthyEndpoint {
+                detail: Some(format!("{attempts} tried, last {endpoint}: {reason}")),
+            }),
+            None => Err(ProxyError::NoHealthyEndpoint { detail: None }),
+        }
+    }
+
+    /// One upstream request, up to the response headers.
+    async fn attempt(
+        &self,
+        ep: &EndpointState,
+        method: &Method,
+        path: &str,
+        headers: &HeaderMap,
+        sealed: &SealedRequest,
+    ) -> Result<Response<Incoming>, AttemptError> {
+        let req = upstream_request(ep, method, path, headers, sealed.body().clone())
+            .map_err(AttemptError::Fatal)?;
+        let timeout = self.config.upstream_timeout;
+        match tokio::time::timeout(timeout, self.client.request(req)).await {
+            Err(_) => Err(AttemptError::Fatal(ProxyError::UpstreamTimeout {
+                endpoint: ep.name().to_owned(),
+                timeout_ms: timeout.as_millis(),
+            })),
+            Ok(Err(e)) => {
+                let mut reason = e.to_string();
+                let mut source = std::error::Error::source(&e);
+                while let Some(s) = source {
+                    reason = format!("{reason}: {s}");
+                    source = s.source();
+                }
+                Err(AttemptError::Retryable(reason))
+            }
+            Ok(Ok(resp)) => Ok(resp),
+        }
+    }
+}
+
+/// The request for `ep`: the endpoint's URL prefix before `path`, `host` set to the
+/// endpoint, `content-length` to the body's.
+///
+/// # Errors
+/// [`ProxyError::UpstreamUri`] when the endpoint's URL and `path` make no valid URI.
+fn upstream_request(
+    ep: &EndpointState,
+    method: &Method,
+    path: &str,
+    headers: &HeaderMap,
+    body: Bytes,
+) -> Result<http::Request<Full<Bytes>>, ProxyError> {
+    let uri = ep.uri_for(path).map_err(|e| ProxyError::UpstreamUri {
+        endpoint: ep.name().to_owned(),
+        path: path.to_owned(),
+        reason: e.to_string(),
+    })?;
+    let len = body.len();
+    let mut req = http::Request::new(Full::new(body));
+    *req.method_mut() = method.clone();
+    *req.uri_mut() = uri;
+    *req.headers_mut() = headers.clone();
+    if let Ok(host) = HeaderValue::from_str(ep.authority().as_str()) {
+        req.headers_mut().insert(header::HOST, host);
+    }
+    req.headers_mut()
+        .insert(header::CONTENT_LENGTH, HeaderValue::from(len));
+    Ok(req)
+}
+
+#[cfg(test)]
+mod tests {
+    use kvgate_kvcache::{EndpointKey, EndpointSpec, IndexConfig, KvIndex, KvMetrics};
+
+    use super::*;
+    use crate::error::Origin;
+
+    fn endpoint(url: &str) -> EndpointState {
+        let index = KvIndex::new(IndexConfig::default(), KvMetrics::unregistered());
+        let id = index.register_endpoint(EndpointSpec {
+            key: EndpointKey::new(url, 0),
+            model: "m".into(),
+            block_size: 16,
+            capacity_blocks: None,
+        });
+        EndpointState::detached(url, id, 16, false).expect("url")
+    }
+
+    #[test]
+    fn upstream_request_targets_the_endpoint() {
+        let ep = endpoint("http://127.0.0.1:9/base");
+        let mut headers = HeaderMap::new();
+        headers.insert("x-a", HeaderValue::from_static("1"));
+        let body = Bytes::from_static(b"{}");
+        let req = upstream_request(&ep, &Method::POST, "/v1/x?q=1", &headers, body).unwrap();
+        assert_eq!(req.uri(), "http://127.0.0.1:9/base/v1/x?q=1");
+        assert_eq!(req.headers()["host"], "127.0.0.1:9");
+        assert_eq!(req.headers()["content-length"], "2");
+        assert_eq!(req.headers()["x-a"], "1");
+    }
+
+    /// A URI kvgate cannot build is its own 500, not the client's 400.
+    #[test]
+    fn bad_upstream_uri_is_an_internal_error() {
+        let ep = endpoint("http://127.0.0.1:9");
+        let err = upstream_request(&ep, &Method::POST, "/a b", &HeaderMap::new(), Bytes::new())
+            .unwrap_err();
+        assert!(
+            matches!(&err, ProxyError::UpstreamUri { endpoint, path, .. }
+                if endpoint == "127.0.0.1:9" && path == "/a b"),
+            "{err:?}"
+        );
+        assert_eq!(err.status(), StatusCode::INTERNAL_SERVER_ERROR);
+        assert_eq!(err.origin(), Origin::Internal);
+        assert_eq!(err.reason(), "upstream_uri_error");
+        let body: serde_json::Value =
+            serde_json::from_slice(&err.to_response().into_body()).unwrap();
+        assert_eq!(body["error"]["type"], "internal_error");
+        assert_eq!(body["error"]["code"], "upstream_uri_error");
+    }
+}

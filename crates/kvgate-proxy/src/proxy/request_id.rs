@@ -1,0 +1,82 @@
+//! The id a request carries through logs, the decision log and the engine: the client's
+//! [`REQUEST_ID`] header when it is usable, else a fresh UUIDv4 as 32 lowercase hex digits.
+
+use std::sync::Arc;
+
+use http::HeaderMap;
+
+use super::REQUEST_ID;
+
+/// Longest client-sent request id kept; a longer one is replaced.
+const MAX_CLIENT_ID: usize = 128;
+
+/// The client's `x-request-id` when it is 1 to [`MAX_CLIENT_ID`] bytes of visible ASCII
+/// (what [`http::HeaderValue::to_str`] accepts), else a generated one.
+pub(crate) fn request_id(headers: &HeaderMap) -> Arc<str> {
+    headers
+        .get(REQUEST_ID)
+        .and_then(|v| v.to_str().ok())
+        .filter(|v| !v.is_empty() && v.len() <= MAX_CLIENT_ID)
+        .map_or_else(
+            || uuid::Uuid::new_v4().simple().to_string().into(),
+            Into::into,
+        )
+}
+
+#[cfg(test)]
+mod tests {
+    use http::HeaderValue;
+
+    use super::*;
+
+    fn is_generated(id: &str) -> bool {
+        id.len() == 32 && id.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+    }
+
+    #[test]
+    fn client_ids_are_kept_when_usable() {
+        let max = "r".repeat(MAX_CLIENT_ID);
+        let over = "r".repeat(MAX_CLIENT_ID + 1);
+        let cases: [(&str, Option<HeaderValue>, Option<&str>); 6] = [
+            ("no header", None, None),
+            (
+                "client id",
+                Some(HeaderValue::from_static("req-1")),
+                Some("req-1"),
+            ),
+            ("empty", Some(HeaderValue::from_static("")), None),
+            (
+                "longest kept",
+                Some(HeaderValue::from_str(&max).unwrap()),
+                Some(&max),
+            ),
+            (
+                "one byte too long",
+                Some(HeaderValue::from_str(&over).unwrap()),
+                None,
+            ),
+            (
+                "not visible ASCII",
+                Some(HeaderValue::from_bytes(b"caf\xc3\xa9").unwrap()),
+                None,
+            ),
+        ];
+        for (name, value, want) in cases {
+            let mut headers = HeaderMap::new();
+            if let Some(v) = value {
+                headers.insert(REQUEST_ID, v);
+            }
+            let got = request_id(&headers);
+            match want {
+                Some(want) => assert_eq!(&*got, want, "{name}"),
+                None => assert!(is_generated(&got), "{name}: {got}"),
+            }
+        }
+    }
+
+    #[test]
+    fn generated_ids_differ() {
+        let (a, b) = (request_id(&HeaderMap::new()), request_id(&HeaderMap::new()));
+        assert_ne!(a, b);
+    }
+}

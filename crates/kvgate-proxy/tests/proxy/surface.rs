@@ -1,0 +1,168 @@
+//! Models, h2c, passthrough paths, the admin port and reload.
+
+use super::*;
+
+#[tokio::test]
+async fn models_are_the_union_with_aliases() {
+    let a = Spy::start(Behavior::Json(format!(r#"{{"object":"list","data":[{{"id":"{CANONICAL}","object":"model","max_model_len":4096}},{{"id":"lora-a","object":"model"}}]}}"#))).await;
+    let b = Spy::start(Behavior::Json(
+        r#"{"object":"list","data":[{"id":"other","object":"model"}]}"#.into(),
+    ))
+    .await;
+    let proxy = RunningProxy::start(config(&[a.url(), b.url()])).await;
+    let (status, _, body) = send(
+        Method::GET,
+        format!("{}/v1/models", proxy.url()),
+        Bytes::new(),
+        &[],
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    let ids: Vec<&str> = v["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, [CANONICAL, "lora-a", "other", "qwen"]);
+    assert_eq!(v["data"][3]["root"], CANONICAL);
+    assert_eq!(v["data"][3]["max_model_len"], 4096);
+
+    // A model nobody serves is a clear 404 once the models are known.
+    let (status, _, body) = post_chat(&proxy, r#"{"model":"nope"}"#).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert_eq!(error_code(&body), "model_not_found");
+}
+
+#[tokio::test]
+async fn h2c_clients_are_served() {
+    let mut spy = Spy::start(Behavior::Json(r#"{"model":"{MODEL}"}"#.into())).await;
+    let proxy = RunningProxy::start(config(&[spy.url()])).await;
+    let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new())
+        .http2_only(true)
+        .build_http();
+    let req = http::Request::post(format!("{}/v1/chat/completions", proxy.url()))
+        .body(Full::new(Bytes::from(r#"{"model":"qwen"}"#)))
+        .unwrap();
+    let resp = client.request(req).await.unwrap();
+    assert_eq!(resp.version(), http::Version::HTTP_2);
+    assert_eq!(resp.status(), StatusCode::OK);
+    let body = resp.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(&body[..], br#"{"model":"qwen"}"#);
+    assert_eq!(
+        spy.next_request().await.body,
+        br#"{"model":"Qwen/Qwen3-0.6B"}"#
+    );
+}
+
+#[tokio::test]
+async fn passthrough_paths_are_forwarded_unparsed() {
+    let mut spy = Spy::start(Behavior::Json("{}".into())).await;
+    let proxy = RunningProxy::start(config(&[spy.url()])).await;
+    let body = "not json at all, { \"model\": ";
+    let (status, _, _) = send(Method::POST, format!("{}/tokenize", proxy.url()), body, &[]).await;
+    assert_eq!(status, StatusCode::OK);
+    let got = spy.next_request().await;
+    assert!(got.head.starts_with("POST /tokenize "), "{}", got.head);
+    assert_eq!(got.body, body.as_bytes());
+}
+
+#[tokio::test]
+async fn admin_health_ready_metrics() {
+    let spy = Spy::start(Behavior::Json("{}".into())).await;
+    let proxy = RunningProxy::start(config(&[spy.url()])).await;
+    post_chat(&proxy, r#"{"model":"m"}"#).await;
+    let admin = format!("http://{}", proxy.admin);
+    assert_eq!(
+        send(Method::GET, format!("{admin}/health"), Bytes::new(), &[])
+            .await
+            .0,
+        StatusCode::OK
+    );
+    assert_eq!(
+        send(Method::GET, format!("{admin}/ready"), Bytes::new(), &[])
+            .await
+            .0,
+        StatusCode::OK
+    );
+    let m = metrics(&proxy).await;
+    let served = format!(
+        "kvgate_requests_total{{api=\"chat_completions\",status=\"200\",endpoint=\"{}\"}} 1",
+        spy.addr
+    );
+    assert!(m.contains(&served), "{m}");
+    assert!(
+        m.contains("kvgate_request_duration_seconds_count{api=\"chat_completions\"} 1"),
+        "{m}"
+    );
+    assert!(m.contains("kvgate_requests_in_flight 0"), "{m}");
+    // A fully delivered content-length body is not counted as aborted.
+    assert!(!m.contains("kvgate_responses_aborted_total{"), "{m}");
+
+    let down = RunningProxy::start(config(&[format!("http://{}", dead_addr())])).await;
+    post_chat(&down, r#"{"model":"m"}"#).await;
+    assert_eq!(
+        send(
+            Method::GET,
+            format!("http://{}/ready", down.admin),
+            Bytes::new(),
+            &[]
+        )
+        .await
+        .0,
+        StatusCode::SERVICE_UNAVAILABLE
+    );
+}
+
+#[tokio::test]
+async fn reload_swaps_endpoints_without_dropping_in_flight_streams() {
+    let events = (0..5).map(|i| format!(r#"{{"n":{i}}}"#)).collect();
+    let mut old = Spy::start(Behavior::Sse {
+        events,
+        gap: Duration::from_millis(100),
+    })
+    .await;
+    let mut new = Spy::start(Behavior::Json(r#"{"ok":true}"#.into())).await;
+    let proxy = RunningProxy::start(config(&[old.url()])).await;
+    let req = http::Request::post(format!("{}/v1/chat/completions", proxy.url()))
+        .body(Full::new(Bytes::from(r#"{"model":"m","stream":true}"#)))
+        .unwrap();
+    let resp = client().request(req).await.unwrap();
+    let mut body = resp.into_body();
+    let first = body.frame().await.unwrap().unwrap().into_data().unwrap();
+    old.next_request().await;
+
+    // Reload mid-stream: the old endpoint leaves the set, a new one joins.
+    let scheduler = kvgate_proxy::ProxyConfig::default().scheduler;
+    proxy
+        .proxy
+        .reload(&[EndpointConfig::new(new.url())], &scheduler)
+        .unwrap();
+
+    let rest = body.collect().await.unwrap().to_bytes();
+    let stream = String::from_utf8([first, rest].concat()).unwrap();
+    let want: String = (0..5)
+        .map(|i| format!("data: {{\"n\":{i}}}\n\n"))
+        .collect::<String>()
+        + "data: [DONE]\n\n";
+    assert_eq!(stream, want, "in-flight stream was cut or changed");
+    assert_eq!(old.next_event().await, SpyEvent::StreamFinished);
+
+    let (status, headers, _) = post_chat(&proxy, r#"{"model":"m"}"#).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(headers["x-kvgate-endpoint"], new.addr.to_string().as_str());
+    new.next_request().await;
+    // A bad reload changes nothing.
+    let bad = proxy
+        .proxy
+        .reload(&[EndpointConfig::new("not a url")], &scheduler)
+        .unwrap_err();
+    assert!(
+        matches!(bad, ConfigError::Endpoints(RegistryError::BadUrl(_))),
+        "{bad:?}"
+    );
+    assert!(bad.to_string().contains("not a url"), "{bad}");
+    let (_, headers, _) = post_chat(&proxy, r#"{"model":"m"}"#).await;
+    assert_eq!(headers["x-kvgate-endpoint"], new.addr.to_string().as_str());
+}
