@@ -60,6 +60,10 @@ pub struct Scheduler {
     /// With [`SchedulerConfig::seed`]: the generator that seeds each cycle's random source,
     /// so the draws of a sequence of cycles are reproducible.
     seeds: Option<Mutex<StdRng>>,
+    /// Held for a whole cycle: scoring reads the endpoints' load and the pick adds to it, so
+    /// two cycles at once would both see the load from before either pick (and send two
+    /// simultaneous cold requests to the same idle engine).
+    cycle: Mutex<()>,
 }
 
 /// Longest chain of profile runs per request (guards against a looping handler).
@@ -101,6 +105,7 @@ impl Scheduler {
         cycle: &mut CycleState,
         candidates: &[Arc<EndpointState>],
     ) -> Result<Decision, ScheduleError> {
+        let _one_at_a_time = self.cycle.lock().unwrap_or_else(PoisonError::into_inner);
         let start = Instant::now();
         if let Some(seeds) = &self.seeds {
             let seed = seeds

@@ -6,6 +6,7 @@ use super::*;
 use crate::config::SchedulerConfig;
 use crate::cycle::RequestFacts;
 use crate::endpoint::ROLE_LABEL;
+use crate::load::InFlightGuard;
 use crate::test_util::{Ep, ep, facts};
 
 fn handles(precise: bool) -> SchedulerHandles {
@@ -332,4 +333,47 @@ fn prefill_decode_disaggregation() {
     let d = schedule(&s, &only_decode, toks(0, 96)).unwrap();
     assert_eq!((d.prefiller_host_port(), d.failed().len()), (None, 1));
     assert!(d.scores_header().starts_with("ep=d1:1"));
+}
+
+#[test]
+fn simultaneous_cycles_see_each_others_picks() {
+    // As many threads as endpoints schedule cold requests at the same instant, round after
+    // round, holding their guards: with the load each pick adds visible to the next cycle,
+    // every round spreads over all the endpoints. Cycles that overlapped would read the load
+    // from before either pick and put two requests on one engine.
+    const N: usize = 4;
+    let s = Arc::new(
+        Scheduler::from_config(&SchedulerConfig::cost_profile(false), &handles(false)).unwrap(),
+    );
+    let now = Instant::now();
+    let eps: Arc<Vec<Arc<EndpointState>>> =
+        Arc::new((0..N).map(|i| ep(&format!("e{i}:1")).build(now)).collect());
+    for round in 0..200 {
+        let barrier = Arc::new(std::sync::Barrier::new(N));
+        let picks: Vec<(String, Vec<InFlightGuard>)> = std::thread::scope(|scope| {
+            let handles: Vec<_> = (0..N)
+                .map(|t| {
+                    let (s, eps, barrier) =
+                        (Arc::clone(&s), Arc::clone(&eps), Arc::clone(&barrier));
+                    scope.spawn(move || {
+                        let facts = RequestFacts {
+                            request_id: format!("r{round}-{t}"),
+                            prompt_tokens: Some(2048),
+                            ..facts()
+                        };
+                        let mut cycle = CycleState::new(facts, Instant::now());
+                        barrier.wait();
+                        let mut d = s.schedule(&mut cycle, &eps).unwrap();
+                        (d.endpoint().name().to_owned(), d.take_guards())
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        let all: Vec<&str> = picks.iter().map(|(n, _)| n.as_str()).collect();
+        let mut names = all.clone();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), N, "round {round}: picks {all:?}");
+    }
 }
