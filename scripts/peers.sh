@@ -698,6 +698,16 @@ run_one() {
     fi
   done
   sleep 1 # KV-event subscriptions connect, load scrapes start
+  # Synced kvgate replicas: wait (up to 10 s) until each hears all the others.
+  if ((${#R_SYNC_ADDRS[@]} > 1)); then
+    local want=$((${#R_SYNC_ADDRS[@]} - 1)) m deadline=$((SECONDS + 10))
+    for m in "${R_METRICS[@]}"; do
+      until [[ $(curl -fsS -m 2 "$m" 2>/dev/null | awk '$1 == "kvgate_replica_peers" {print $2}') == "$want" ]]; do
+        ((SECONDS < deadline)) || { log "warning: $m never heard all $want peers"; break; }
+        sleep 0.1
+      done
+    done
+  fi
   local target
   target=$(IFS=${MULTI_SEP:-,}; echo "${R_URLS[*]}")
   local -a resets=()

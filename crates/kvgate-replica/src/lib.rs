@@ -271,12 +271,22 @@ async fn subscribe(
         if let Err(e) = sock.subscribe("").await {
             tracing::warn!(peer = %peer, error = %e, "replica sync subscribe failed");
         }
+        // `connect` waits for the peer to exist, retrying at its own (slower) pace; bound each
+        // try so a peer that starts later is joined within about a second.
+        let bound = backoff.max(Duration::from_secs(1));
         tokio::select! {
             _ = cancel.cancelled() => return,
-            r = sock.connect(&peer) => if let Err(e) = r {
-                tracing::warn!(peer = %peer, error = %e, "replica sync connect failed");
-                if !pause(backoff, &cancel).await { return; }
-                continue;
+            r = tokio::time::timeout(bound, sock.connect(&peer)) => match r {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => {
+                    tracing::warn!(peer = %peer, error = %e, "replica sync connect failed");
+                    if !pause(backoff, &cancel).await { return; }
+                    continue;
+                }
+                Err(_) => {
+                    tracing::debug!(peer = %peer, "replica sync peer not up yet");
+                    continue;
+                }
             }
         }
         tracing::info!(peer = %peer, "replica sync connected");

@@ -4,7 +4,8 @@
 //! prompts each (or uses the user's engines), then drives one seeded `shared-prefix`
 //! workload through each [`Setup`] in turn: round-robin, approximate prefix and precise
 //! prefix behind one router each, then approximate and precise prefix behind two router
-//! replicas each, with the load client alternating between the replicas per request.
+//! replicas each, with the load client alternating between the replicas per request (the
+//! replicas share their in-flight load; only precise ones share what the engines cache).
 //! Engine caches are reset before each run. Shows a progress bar per run, then prints hit
 //! rate, TTFT and throughput side by side with ratios against round-robin and what the
 //! replica runs show, and writes an HTML report. Router and engine logs go to `demo.log`
@@ -189,11 +190,21 @@ async fn compare(
         kvgate_bench::reset_caches(&client, &engines.reset).await?;
         let events = setup.policy.uses_kv_events();
         let mut routers = Vec::with_capacity(setup.replicas);
-        for _ in 0..setup.replicas {
+        // Replicas share their in-flight load, as `kvgate serve --replica-peer` does.
+        let sync_addrs = if setup.replicas > 1 {
+            loopback_zmq_addrs(setup.replicas)?
+        } else {
+            Vec::new()
+        };
+        for i in 0..setup.replicas {
+            let sync = sync_addrs
+                .get(i)
+                .map(|listen| kvgate_replica::ReplicaSyncConfig::new(listen, sync_addrs.clone()));
             let started = Router::start(
                 setup.policy,
                 engines.yaml(events),
                 &engines.flags(events),
+                sync,
                 Duration::from_secs(15),
             )
             .await;
@@ -228,6 +239,17 @@ async fn compare(
         runs.push((setup, NamedRun { name, result }));
     }
     Ok(runs)
+}
+
+/// `n` free loopback `tcp://` addresses (ports the OS handed out and released).
+fn loopback_zmq_addrs(n: usize) -> anyhow::Result<Vec<String>> {
+    let listeners = (0..n)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0"))
+        .collect::<Result<Vec<_>, _>>()?;
+    listeners
+        .iter()
+        .map(|l| Ok(format!("tcp://{}", l.local_addr()?)))
+        .collect()
 }
 
 /// Stops every router, reporting the first failure.

@@ -130,6 +130,7 @@ impl Router {
         policy: Policy,
         fleet_yaml: &str,
         extra_endpoints: &[String],
+        replica_sync: Option<kvgate_replica::ReplicaSyncConfig>,
         ready_within: Duration,
     ) -> anyhow::Result<Router> {
         let yaml = format!("{fleet_yaml}{}", policy.scheduler_yaml());
@@ -144,6 +145,7 @@ impl Router {
             config.add_endpoint_flag(flag)?;
         }
         config.default_endpoint_models();
+        config.replica_sync = replica_sync;
         let running = RunningProxy::launch(config)
             .await
             .with_context(|| format!("router {}", policy.name()))?;
@@ -208,7 +210,7 @@ mod tests {
         };
         let engines = Engines::simulated("m", shape).await.unwrap();
         let within = Duration::from_secs(30);
-        let router = Router::start(Policy::RoundRobin, engines.yaml(false), &[], within)
+        let router = Router::start(Policy::RoundRobin, engines.yaml(false), &[], None, within)
             .await
             .unwrap();
         let metrics = get(&router.admin_url(), "/metrics").await;
