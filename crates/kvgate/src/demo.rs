@@ -216,6 +216,15 @@ async fn compare(
                 }
             }
         }
+        // Synced replicas start routing once each hears all the others (a replica joined
+        // half-way would route the first wave without the others' picks).
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while routers.len() > 1
+            && routers.iter().any(|r| r.peers_heard() + 1 < routers.len())
+            && std::time::Instant::now() < deadline
+        {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
         let urls: Vec<String> = routers.iter().map(|r| r.url.clone()).collect();
         let target = Target::new(name.clone(), urls[0].clone()).with_replicas(&urls[1..]);
         let result = kvgate_bench::run_load(&target, &schedule, workload.clone(), &options).await;

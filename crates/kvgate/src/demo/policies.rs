@@ -166,6 +166,14 @@ impl Router {
         })
     }
 
+    /// Router replicas this one hears through its replica sync (0 without one).
+    pub(crate) fn peers_heard(&self) -> usize {
+        self.running
+            .proxy
+            .replica_sync()
+            .map_or(0, |sync| sync.remote_state().0)
+    }
+
     /// `http://127.0.0.1:PORT` of the router's admin server (`/metrics`).
     #[cfg(test)]
     pub(crate) fn admin_url(&self) -> String {
