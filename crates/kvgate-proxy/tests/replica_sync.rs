@@ -79,6 +79,19 @@ async fn a_replica_routes_around_what_the_other_holds_in_flight() {
     let a = start_proxy(&(base.clone() + &sync(&sync_a))).await;
     let b = start_proxy(&(base + &sync(&sync_b))).await;
 
+    // A request dispatched before a peer's subscription is up is not heard there (its begin
+    // is not in the heartbeats): start once each replica hears the other.
+    for (name, r) in [("A", &a), ("B", &b)] {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        while r.proxy.replica_sync().unwrap().remote_state().0 < 1 {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{name} never heard its peer"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
     let long = json!({
         "model": MODEL,
         "messages": [{"role": "user", "content": system_prompt(1, 120)}],
