@@ -172,19 +172,9 @@ impl ReplicaSync {
         &self.bound
     }
 
-    /// This replica's random origin id.
-    pub fn origin(&self) -> u64 {
-        self.origin
-    }
-
     /// Replicas heard from within the peer timeout, and their requests in flight here.
     pub fn remote_state(&self) -> (usize, usize) {
         self.remote.state()
-    }
-
-    /// The metric families.
-    pub fn metrics(&self) -> &SyncMetrics {
-        &self.metrics
     }
 
     fn queue(&self, m: SyncMessage) {

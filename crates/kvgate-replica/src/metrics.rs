@@ -85,16 +85,4 @@ impl SyncMetrics {
         self.peers.set(peers as i64);
         self.remote_requests.set(remote_requests as i64);
     }
-
-    /// Messages received with `kind` and `outcome` so far (tests, debug pages).
-    pub fn received_count(&self, kind: &'static str, outcome: &'static str) -> u64 {
-        self.received
-            .get_or_create(&ReceivedLabels { kind, outcome })
-            .get()
-    }
-
-    /// Messages dropped for `reason` so far.
-    pub fn dropped_count(&self, reason: &'static str) -> u64 {
-        self.dropped.get_or_create(&DroppedLabels { reason }).get()
-    }
 }

@@ -353,11 +353,6 @@ impl InFlightGuard {
             sink.prefill_done(*id);
         }
     }
-
-    /// Whether the request is still prefilling (before its first response byte).
-    pub fn is_prefilling(&self) -> bool {
-        self.prefilling
-    }
 }
 
 impl Drop for InFlightGuard {
