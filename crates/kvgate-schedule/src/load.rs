@@ -192,6 +192,18 @@ impl EndpointLoad {
             .store(map.len() as u64, Ordering::Relaxed);
     }
 
+    fn pinned(&self, keys: &BlockKeys, blocks: usize) -> usize {
+        if self.active_block_size.load(Ordering::Relaxed) != u64::from(keys.block_size) {
+            return 0;
+        }
+        let map = self.active.lock().unwrap_or_else(PoisonError::into_inner);
+        keys.keys
+            .iter()
+            .take(blocks)
+            .filter(|k| map.contains_key(&k.0))
+            .count()
+    }
+
     fn unpin(&self, keys: &BlockKeys) {
         let mut map = self.active.lock().unwrap_or_else(PoisonError::into_inner);
         for k in &keys.keys {
@@ -314,6 +326,12 @@ impl EndpointState {
     /// The router-side load counters now.
     pub fn load(&self) -> LoadSnapshot {
         self.load.snapshot()
+    }
+
+    /// How many of the first `blocks` of `keys` requests in flight here pin (0 when the
+    /// active KV is keyed with another block size).
+    pub fn pinned_blocks(&self, keys: &BlockKeys, blocks: usize) -> usize {
+        self.load.pinned(keys, blocks)
     }
 }
 

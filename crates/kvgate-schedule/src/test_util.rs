@@ -56,6 +56,12 @@ impl Ep {
         self.metrics.running = Some(v);
         self
     }
+    /// Scraped KV capacity: `blocks` of `block_size` tokens.
+    pub(crate) fn capacity(mut self, blocks: u64, block_size: u32) -> Self {
+        self.metrics.num_blocks = Some(blocks);
+        self.metrics.block_size = Some(block_size);
+        self
+    }
     pub(crate) fn kv(mut self, v: f64) -> Self {
         self.metrics.kv_usage = Some(v);
         self

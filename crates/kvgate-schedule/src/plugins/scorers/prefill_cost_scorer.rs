@@ -18,13 +18,22 @@
 //!   so requests of one conversation group do not count their common prefix again);
 //! - `cost_w = Q_w + P_w` (when its prompt is computed: time to first token, in tokens)
 //!   `+ new_kv_weight · P_w` (the KV it allocates) `+ active_kv_weight · U_w` (the KV in use
-//!   by requests in flight) `+ kv_overflow_weight · max(0, A_w + P_w − K_w)`: the KV beyond the
-//!   engine's capacity `K_w` (scraped `num_gpu_blocks × block_size`) once the request's new KV
-//!   joins `A_w`, the KV the requests in flight pin (their distinct prompt blocks, shared
-//!   blocks once: [`crate::LoadSnapshot::active_kv_tokens`]); past capacity requests wait for
-//!   blocks or are preempted and recomputed, × `(R_w + 1)` (requests in flight, the
-//!   larger of this router's count and the scraped running + waiting) when
-//!   `in_flight_multiplier` is on (vllm-router's kv_aware shape).
+//!   by requests in flight) `+ kv_overflow_weight · O_w`, where
+//!   `O_w = max(0, A_w + H_w + P_w − K_w)` is the KV beyond the engine's capacity `K_w`
+//!   (scraped `num_gpu_blocks × block_size`) once the request is placed: `A_w` is the KV the
+//!   requests in flight pin (their distinct prompt blocks, shared blocks once:
+//!   [`crate::LoadSnapshot::active_kv_tokens`]), `H_w` the predicted hit's tokens in blocks no
+//!   request in flight pins (they must stay resident for the hit, and on a full engine other
+//!   admissions evict them first). Past capacity, requests wait for blocks or are preempted
+//!   and recomputed. The whole cost is × `(R_w + 1)` (requests in flight, the larger of this
+//!   router's count and the scraped running + waiting) when `in_flight_multiplier` is on
+//!   (vllm-router's kv_aware shape);
+//! - with `fits_first` (the default), a candidate where the request does not fit
+//!   (`O_w > 0`) ranks after every candidate where it fits: its cost is raised by the
+//!   largest cost among those. An engine past its KV capacity cannot admit the request until
+//!   running requests finish (vLLM queues it), and meanwhile the blocks it would hit are the
+//!   evictable ones that other admissions take: a predicted hit there is neither soon nor sure.
+//!   Among candidates that all overflow, the overflow term orders them.
 //!
 //! The KV terms matter where prefill time alone misleads. A burst sibling of a request still
 //! prefilling costs `Q + 1` there and about `N` on an idle engine: prefill time calls that
@@ -92,6 +101,8 @@ pub struct PrefillCostScorerConfig {
     pub in_flight_multiplier: bool,
     /// Count queued requests other routers sent (scraped `waiting` beyond this router's own).
     pub scraped_queue: bool,
+    /// Rank candidates where the request's KV does not fit after every one where it does.
+    pub fits_first: bool,
 }
 
 impl Default for PrefillCostScorerConfig {
@@ -102,6 +113,7 @@ impl Default for PrefillCostScorerConfig {
             kv_overflow_weight: 1.0,
             in_flight_multiplier: false,
             scraped_queue: true,
+            fits_first: true,
         }
     }
 }
@@ -126,6 +138,9 @@ pub(crate) struct CostInput {
     pub(crate) running: Option<f64>,
     /// The engine's KV capacity in tokens (scraped blocks × block size), when known.
     pub(crate) capacity: Option<u64>,
+    /// Of the predicted cached tokens, those in blocks no request in flight pins: they must
+    /// stay resident too for the hit to happen (0 when unknown).
+    pub(crate) unpinned_cached: u64,
 }
 
 impl CostInput {
@@ -137,6 +152,16 @@ impl CostInput {
             Some(n) if n > 0 => n - cached.min(n - 1),
             _ => 1,
         }
+    }
+
+    /// KV tokens beyond the engine's capacity once this request's new KV joins what the
+    /// requests in flight pin (0 when it fits or the capacity is unknown).
+    pub(crate) fn overflow(&self) -> f64 {
+        self.capacity.map_or(0.0, |capacity| {
+            let after =
+                (self.load.active_kv_tokens + self.unpinned_cached + self.uncached()) as f64;
+            (after - capacity as f64).max(0.0)
+        })
     }
 }
 
@@ -186,10 +211,7 @@ impl PrefillCostScorer {
         let mut cost = queued
             + new * (1.0 + self.config.new_kv_weight)
             + load.uncached_tokens as f64 * self.config.active_kv_weight;
-        if let Some(capacity) = c.capacity {
-            let after = (load.active_kv_tokens + c.uncached()) as f64;
-            cost += (after - capacity as f64).max(0.0) * self.config.kv_overflow_weight;
-        }
+        cost += c.overflow() * self.config.kv_overflow_weight;
         if self.config.in_flight_multiplier {
             cost *= in_flight + 1.0;
         }
@@ -208,6 +230,7 @@ impl Scorer for PrefillCostScorer {
         let prompt = cycle.facts().prompt_tokens;
         let prefix = cycle.prefix_match();
         let mut ties: Vec<TieKey> = Vec::with_capacity(candidates.len());
+        let mut overflows: Vec<bool> = Vec::with_capacity(candidates.len());
         for (s, e) in scores.iter_mut().zip(candidates) {
             let load = e.load();
             let (waiting, running) = e.with_metrics(now, |m| {
@@ -218,16 +241,31 @@ impl Scorer for PrefillCostScorer {
                 let m = &s.metrics;
                 Some(m.num_blocks? * u64::from(m.block_size?))
             });
+            let cached = prefix.map_or(0, |p| p.predicted_tokens(e.kv_id()));
+            let unpinned_cached = match cycle.computed_block_keys(e.index_block_size()) {
+                Some(keys) if capacity.is_some() && cached > 0 => {
+                    let block = u64::from(keys.block_size.max(1));
+                    let blocks = usize::try_from(cached / block).unwrap_or(usize::MAX);
+                    let blocks = blocks.min(keys.keys.len());
+                    (blocks - e.pinned_blocks(&keys, blocks)) as u64 * block
+                }
+                _ => 0,
+            };
             let input = CostInput {
                 prompt,
-                cached: prefix.map_or(0, |p| p.predicted_tokens(e.kv_id())),
+                cached,
                 load,
                 waiting,
                 running,
                 capacity,
+                unpinned_cached,
             };
             *s = self.cost(&input);
+            overflows.push(input.overflow() > 0.0);
             ties.push((input.uncached(), load.decode_tokens, load.last_pick));
+        }
+        if self.config.fits_first {
+            rank_fitting_first(scores, &overflows);
         }
         // Costs within one KV block of the cheapest are ties: engines compute and cache in
         // blocks, so a smaller difference says nothing.
@@ -249,10 +287,27 @@ impl Scorer for PrefillCostScorer {
     }
 }
 
+/// Raises the cost of every candidate flagged in `overflows` by the largest cost among the
+/// others, so that each of them ranks after every candidate that fits (no change when all or
+/// none fit).
+fn rank_fitting_first(costs: &mut [f64], overflows: &[bool]) {
+    let worst_fit = costs
+        .iter()
+        .zip(overflows)
+        .filter(|(_, o)| !**o)
+        .map(|(c, _)| *c)
+        .fold(f64::NEG_INFINITY, f64::max);
+    if worst_fit.is_finite() {
+        for (c, _) in costs.iter_mut().zip(overflows).filter(|(_, o)| **o) {
+            *c += worst_fit;
+        }
+    }
+}
+
 pub(crate) const REGISTRATION: Registration = Registration {
     type_name: PrefillCostScorer::TYPE,
-    description: "prefers the endpoint where the request costs least in tokens: queued + uncached prefill + its KV + KV beyond capacity",
-    example: "{ new_kv_weight: 1.0, active_kv_weight: 0.0, kv_overflow_weight: 1.0, in_flight_multiplier: false, scraped_queue: true }",
+    description: "prefers the endpoint where the request costs least in tokens: queued + uncached prefill + its KV + KV beyond capacity; endpoints it does not fit rank last",
+    example: "{ new_kv_weight: 1.0, active_kv_weight: 0.0, kv_overflow_weight: 1.0, in_flight_multiplier: false, scraped_queue: true, fits_first: true }",
     build: |p, _| build(p, PrefillCostScorer::new),
 };
 

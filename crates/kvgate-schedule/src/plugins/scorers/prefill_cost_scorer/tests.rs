@@ -1,10 +1,10 @@
-use kvgate_kvcache::EndpointId;
+use kvgate_kvcache::{BlockKeys, EndpointId};
 
 use super::*;
 use crate::cycle::{PrefixMatch, PrefixSource, RequestFacts};
 use crate::framework::Picker;
 use crate::plugins::pickers::max_score_picker::{MaxScorePicker, MaxScorePickerConfig};
-use crate::test_util::{Fresh, ep, facts, setup};
+use crate::test_util::{Ep, Fresh, ep, facts, setup};
 
 /// Prefill tokens only (no KV terms), with the two switches.
 fn scorer(in_flight_multiplier: bool, scraped_queue: bool) -> PrefillCostScorer {
@@ -14,6 +14,7 @@ fn scorer(in_flight_multiplier: bool, scraped_queue: bool) -> PrefillCostScorer 
         kv_overflow_weight: 0.0,
         in_flight_multiplier,
         scraped_queue,
+        fits_first: false,
     })
     .unwrap()
 }
@@ -38,6 +39,7 @@ fn cost_table() {
         waiting: None,
         running: None,
         capacity: None,
+        unpinned_cached: 0,
     };
     type Row = (&'static str, CostInput, bool, bool, f64);
     let rows: Vec<Row> = vec![
@@ -212,6 +214,7 @@ fn kv_terms_table() {
         waiting: None,
         running: None,
         capacity: Some(1000),
+        unpinned_cached: 0,
     };
     // Q = 200, P = 400, U = 200, active KV A = 200; A + P = 600 fits.
     let rows = [
@@ -270,6 +273,7 @@ fn a_burst_sibling_joins_the_engine_computing_its_prefix() {
         waiting: None,
         running: None,
         capacity: None,
+        unpinned_cached: 0,
     };
     let idle = CostInput {
         cached: 0,
@@ -398,4 +402,144 @@ fn predicted_hits_count_at_the_realized_share() {
     assert_eq!(s.cost(&input), 200.0, "predictions hold");
     input.load.realized_share = 0.5;
     assert_eq!(s.cost(&input), 600.0, "half of them held lately");
+}
+
+/// Fits first: a candidate where the request's KV does not fit ranks after every candidate
+/// where it does, whatever its prefill cost; the rows flip one condition each.
+#[test]
+fn candidates_where_the_request_does_not_fit_rank_last() {
+    // Two candidates, 1,000-token prompt: "hot" predicts 900 cached and pins `hot_kv` tokens
+    // of KV for requests in flight; "cold" holds nothing and is idle. Capacity 100 blocks of
+    // 16 = 1,600 tokens on each (None: never scraped).
+    type Row = (&'static str, bool, u64, Option<u64>, &'static str);
+    let rows: [Row; 5] = [
+        ("hot fits: its hit wins", true, 1400, Some(100), "hot:1"),
+        (
+            "hot overflows: the cold one that fits wins",
+            true,
+            1600,
+            Some(100),
+            "cold:1",
+        ),
+        (
+            "fits_first off: the overflow term alone keeps hot",
+            false,
+            1600,
+            Some(100),
+            "hot:1",
+        ),
+        (
+            "capacity unknown: nothing overflows",
+            true,
+            1600,
+            None,
+            "hot:1",
+        ),
+        ("a larger engine fits again", true, 1600, Some(200), "hot:1"),
+    ];
+    let picker = MaxScorePicker::new(MaxScorePickerConfig::default()).unwrap();
+    for (name, fits_first, hot_kv, blocks, want) in rows {
+        let s = PrefillCostScorer::new(PrefillCostScorerConfig {
+            fits_first,
+            ..PrefillCostScorerConfig::default()
+        })
+        .unwrap();
+        let with_capacity = |e: Ep| match blocks {
+            Some(b) => e.capacity(b, 16),
+            None => e,
+        };
+        let eps = [
+            with_capacity(ep("hot:1").kv_id(1, true)),
+            with_capacity(ep("cold:1").kv_id(2, true)),
+        ];
+        let (built, mut cycle) = setup(&eps, facts_with_prompt(1000));
+        // One decoding request on hot pins `hot_kv` tokens (no keys: all unshared).
+        let mut guard = built[0].begin_request(0, hot_kv);
+        guard.prefill_done();
+        cycle.record_prefix_match(PrefixMatch {
+            source: PrefixSource::Precise,
+            predicted: vec![(EndpointId(1), 900), (EndpointId(2), 0)],
+        });
+        let refs: Vec<&EndpointState> = built.iter().map(|e| &**e).collect();
+        let mut out = vec![0.0; 2];
+        s.score(&mut cycle, &refs, &mut out);
+        let picked = picker.pick(&mut cycle, &out).map(|i| refs[i].name());
+        assert_eq!(picked, Some(want), "{name}: scores {out:?}");
+        drop(guard);
+    }
+}
+
+#[test]
+fn rank_fitting_first_shifts_only_when_some_fit() {
+    type Row = (&'static str, Vec<f64>, Vec<bool>, Vec<f64>);
+    let rows: [Row; 3] = [
+        (
+            "mixed",
+            vec![10.0, 5.0, 30.0],
+            vec![false, true, false],
+            vec![10.0, 35.0, 30.0],
+        ),
+        (
+            "none overflow",
+            vec![10.0, 5.0],
+            vec![false, false],
+            vec![10.0, 5.0],
+        ),
+        (
+            "all overflow",
+            vec![10.0, 5.0],
+            vec![true, true],
+            vec![10.0, 5.0],
+        ),
+    ];
+    for (name, mut costs, overflows, want) in rows {
+        rank_fitting_first(&mut costs, &overflows);
+        assert_eq!(costs, want, "{name}");
+    }
+}
+
+/// The predicted hit's blocks that no request in flight pins must fit too. One request of 800
+/// prompt tokens is in flight on the holder; the rows differ only in whether it pins this
+/// prompt's first 50 blocks.
+#[test]
+fn an_unpinned_hit_counts_toward_the_fit() {
+    let s = PrefillCostScorer::new(PrefillCostScorerConfig::default()).unwrap();
+    let picker = MaxScorePicker::new(MaxScorePickerConfig::default()).unwrap();
+    let eps = [
+        ep("hot:1").kv_id(1, true).capacity(100, 16),
+        ep("cold:1").kv_id(2, true).capacity(100, 16),
+    ];
+    for (name, shares_the_prefix, want) in [
+        (
+            "another prompt: 800 in flight + 896 unpinned hit + 104 new > 1,600",
+            false,
+            "cold:1",
+        ),
+        (
+            "the same prefix: 800 in flight + 96 unpinned hit + 104 new fits",
+            true,
+            "hot:1",
+        ),
+    ] {
+        let (built, mut cycle) = setup(&eps, facts_with_prompt(1000));
+        let keys = cycle.block_keys(16).unwrap();
+        let in_flight_keys = shares_the_prefix.then(|| {
+            std::sync::Arc::new(BlockKeys {
+                keys: keys.keys[..50].to_vec(),
+                block_size: 16,
+            })
+        });
+        let mut in_flight = built[0].begin_request_with_keys(0, 800, in_flight_keys);
+        in_flight.prefill_done();
+        cycle.record_prefix_match(PrefixMatch {
+            source: PrefixSource::Precise,
+            predicted: vec![(EndpointId(1), 896), (EndpointId(2), 0)],
+        });
+        let refs: Vec<&EndpointState> = built.iter().map(|e| &**e).collect();
+        let mut out = vec![0.0; 2];
+        s.score(&mut cycle, &refs, &mut out);
+        let picked = picker.pick(&mut cycle, &out).map(|i| refs[i].name());
+        assert_eq!(picked, Some(want), "{name}: scores {out:?}");
+        drop(in_flight);
+    }
 }
