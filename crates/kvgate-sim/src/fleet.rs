@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
+use axum::serve::ListenerExt;
 use kvgate_kvcache::Encoding;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -190,6 +191,15 @@ pub async fn start_with_prompts(
             let stop = async move {
                 let _ = rx.wait_for(|s| *s).await;
             };
+            // TCP_NODELAY on every connection, as vLLM's server has it (asyncio sets it on
+            // every TCP transport): without it a stream's second write waits behind Nagle's
+            // algorithm for the client's delayed ACK (~40 ms), one streamed response per 44 ms
+            // per connection.
+            let listener = listener.tap_io(|tcp| {
+                if let Err(e) = tcp.set_nodelay(true) {
+                    tracing::debug!(error = %e, "TCP_NODELAY not set");
+                }
+            });
             if let Err(e) = axum::serve(listener, app)
                 .with_graceful_shutdown(stop)
                 .await

@@ -97,6 +97,14 @@ impl InflightGuard {
     }
 }
 
+#[cfg(test)]
+impl InflightGuard {
+    /// A guard on an engine of its own (for tests that drive a response without an engine).
+    pub(crate) fn detached() -> InflightGuard {
+        InflightGuard(Arc::default())
+    }
+}
+
 impl Drop for InflightGuard {
     fn drop(&mut self) {
         self.0.inflight.fetch_sub(1, Ordering::Relaxed);

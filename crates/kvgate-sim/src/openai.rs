@@ -245,6 +245,8 @@ impl ResponseIds {
 
     /// A stream chunk for choice `index`: chat deltas carry `content` (and `role` on the
     /// first chunk); the last content chunk carries `finish_reason` and `stop_reason`.
+    /// The reference shape: streams print through [`ChunkWriter`], which tests pin to it.
+    #[cfg(test)]
     pub(crate) fn chunk(
         &self,
         index: usize,
@@ -292,6 +294,75 @@ impl ResponseIds {
     }
 }
 
+/// Prints stream chunks straight into a byte buffer, exactly as `ResponseIds::chunk(..)`
+/// serializes (compact JSON, insertion order), without building a `Value` per token: the
+/// identity fields every chunk repeats are serialized once per response.
+#[derive(Debug, Clone)]
+pub(crate) struct ChunkWriter {
+    /// `{"id":…,"object":…,"created":…,"model":…,"choices":[`
+    head: Vec<u8>,
+    family: Family,
+}
+
+/// Appends `v` as JSON (strings escaped as serde_json escapes them).
+fn put<T: serde::Serialize + ?Sized>(out: &mut Vec<u8>, v: &T) {
+    // Serializing a str or an integer into a Vec cannot fail.
+    let _ = serde_json::to_writer(out, v);
+}
+
+impl ChunkWriter {
+    pub(crate) fn new(ids: &ResponseIds) -> ChunkWriter {
+        let mut head = Vec::with_capacity(128 + ids.model.len());
+        head.extend_from_slice(b"{\"id\":");
+        put(&mut head, &ids.id);
+        head.extend_from_slice(b",\"object\":");
+        put(&mut head, ids.object(true));
+        head.extend_from_slice(b",\"created\":");
+        put(&mut head, &ids.created);
+        head.extend_from_slice(b",\"model\":");
+        put(&mut head, &ids.model);
+        head.extend_from_slice(b",\"choices\":[");
+        ChunkWriter {
+            head,
+            family: ids.family,
+        }
+    }
+
+    /// Appends the chunk `ResponseIds::chunk(index, text, role, finish)` would print.
+    pub(crate) fn write(
+        &self,
+        out: &mut Vec<u8>,
+        index: usize,
+        text: &str,
+        role: bool,
+        finish: Option<&str>,
+    ) {
+        out.extend_from_slice(&self.head);
+        out.extend_from_slice(b"{\"index\":");
+        put(out, &index);
+        match self.family {
+            Family::Chat if role => {
+                out.extend_from_slice(b",\"delta\":{\"role\":\"assistant\",\"content\":")
+            }
+            Family::Chat => out.extend_from_slice(b",\"delta\":{\"content\":"),
+            Family::Completion => out.extend_from_slice(b",\"text\":"),
+        }
+        put(out, text);
+        if self.family == Family::Chat {
+            out.push(b'}');
+        }
+        out.extend_from_slice(b",\"logprobs\":null,\"finish_reason\":");
+        match finish {
+            Some(f) => put(out, f),
+            None => out.extend_from_slice(b"null"),
+        }
+        if finish.is_some() || self.family == Family::Completion {
+            out.extend_from_slice(b",\"stop_reason\":null");
+        }
+        out.extend_from_slice(b"}]}");
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -334,6 +405,39 @@ mod tests {
         assert_eq!(e["error"]["code"], 404);
         assert_eq!(e["error"]["type"], "NotFoundError");
         assert_eq!(e["error"]["param"], "model");
+    }
+
+    #[test]
+    fn chunk_writer_prints_what_the_value_shape_prints() {
+        let texts = [
+            "",
+            " hello",
+            "quote\" back\\slash /slash",
+            "ctl \n\t\r\u{1}\u{1f}\u{7f}",
+            "ünïcødé \u{1F600}",
+        ];
+        for family in [Family::Chat, Family::Completion] {
+            for model in ["Qwen/Qwen3-0.6B", "we\"ird\\model"] {
+                let ids = ResponseIds::new(family, model.into());
+                let w = ChunkWriter::new(&ids);
+                for text in texts {
+                    for role in [false, true] {
+                        for finish in [None, Some("length"), Some("stop")] {
+                            for index in [0, 7, 12345] {
+                                let mut got = Vec::new();
+                                w.write(&mut got, index, text, role, finish);
+                                let want = ids.chunk(index, text, role, finish).to_string();
+                                assert_eq!(
+                                    String::from_utf8(got).unwrap(),
+                                    want,
+                                    "{family:?} {text:?} role={role} {finish:?}"
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+        }
     }
 
     #[test]

@@ -40,6 +40,116 @@ async fn streaming_chunks_like_vllm() {
     sim.shutdown().await;
 }
 
+/// The exact bytes of a streamed response, read over a real socket: every event printed
+/// compactly in vLLM's key order, and the text the same as the non-streamed response's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streamed_bytes_are_exact() {
+    let sim = sim(&[]).await;
+    let http = sim.instances()[0].http;
+    // (path, body, chat)
+    let cases = [
+        (
+            "/v1/chat/completions",
+            json!({"model": "Qwen/Qwen3-0.6B", "seed": 7, "max_tokens": 5,
+                   "messages": [{"role": "user", "content": "Say \"hi\" in one short sentence."}]}),
+            true,
+        ),
+        (
+            "/v1/completions",
+            json!({"model": "Qwen/Qwen3-0.6B", "seed": 7, "max_tokens": 3, "prompt": "a\\b"}),
+            false,
+        ),
+    ];
+    for (path, body, chat) in cases {
+        let full = post(http, path, body.clone()).await.json();
+        // The same usage on the streamed run: no prefix hit from the run above.
+        let reset = request(http, "POST", "/reset_prefix_cache", None).await;
+        assert_eq!(reset.json()["success"], true);
+        let mut streamed = body.clone();
+        streamed["stream"] = json!(true);
+        streamed["stream_options"] = json!({"include_usage": true});
+        let r = post(http, path, streamed).await;
+        assert_eq!(r.status, 200);
+        let text = String::from_utf8(r.body.to_vec()).unwrap();
+        let first: Value = serde_json::from_str(
+            text.strip_prefix("data: ")
+                .and_then(|t| t.split("\n\n").next())
+                .unwrap(),
+        )
+        .unwrap();
+        let (id, created) = (&first["id"], &first["created"]);
+        let pieces: Vec<String> = text
+            .split("\n\n")
+            .filter_map(|e| serde_json::from_str::<Value>(e.strip_prefix("data: ")?).ok())
+            .filter_map(|c| {
+                let ch = c["choices"].get(0)?;
+                let t = if chat {
+                    &ch["delta"]["content"]
+                } else {
+                    &ch["text"]
+                };
+                t.as_str().map(str::to_owned)
+            })
+            .collect();
+        let (object, content) = if chat {
+            (
+                "chat.completion.chunk",
+                &full["choices"][0]["message"]["content"],
+            )
+        } else {
+            ("text_completion", &full["choices"][0]["text"])
+        };
+        let head = format!(
+            r#"data: {{"id":{id},"object":"{object}","created":{created},"model":"Qwen/Qwen3-0.6B","choices":[{{"index":0,"#
+        );
+        let mut want = String::new();
+        let tokens: &[String] = if chat {
+            want += &format!(
+                r#"{head}"delta":{{"role":"assistant","content":""}},"logprobs":null,"finish_reason":null}}]}}"#
+            );
+            want += "\n\n";
+            &pieces[1..]
+        } else {
+            &pieces
+        };
+        let n = tokens.len();
+        for (k, t) in tokens.iter().enumerate() {
+            let t = Value::from(t.as_str());
+            let last = k + 1 == n;
+            let finish = if last { r#""length""# } else { "null" };
+            let stop = if last || !chat {
+                r#","stop_reason":null"#
+            } else {
+                ""
+            };
+            let field = if chat {
+                format!(r#""delta":{{"content":{t}}}"#)
+            } else {
+                format!(r#""text":{t}"#)
+            };
+            want +=
+                &format!(r#"{head}{field},"logprobs":null,"finish_reason":{finish}{stop}}}]}}"#);
+            want += "\n\n";
+        }
+        let usage = &full["usage"];
+        want += &format!(
+            r#"data: {{"id":{id},"object":"{object}","created":{created},"model":"Qwen/Qwen3-0.6B","choices":[],"usage":{usage}}}"#
+        );
+        want += "\n\ndata: [DONE]\n\n";
+        assert_eq!(text, want, "{path}");
+        assert_eq!(
+            n,
+            full["usage"]["completion_tokens"].as_u64().unwrap() as usize
+        );
+        assert_eq!(
+            tokens.concat(),
+            content.as_str().unwrap(),
+            "{path}: same text"
+        );
+    }
+    sim.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn api_surface_and_errors() {
     let sim = sim(&[
