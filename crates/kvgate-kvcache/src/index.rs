@@ -463,3 +463,5 @@ impl KvIndex {
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod walk_tests;

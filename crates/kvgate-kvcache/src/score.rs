@@ -4,15 +4,24 @@
 //! The walk looks up one key per block and stops at the first block no candidate holds. Per
 //! block it compares the holder set's fingerprint with the previous block's: when they are
 //! equal (the common case — a prefix is usually held by the same endpoints all along) the
-//! block costs one hash lookup and nothing else; per-endpoint work only happens where the
-//! holder set changes. So a lookup costs O(blocks + changes × holders), independent of how many
-//! endpoints hold the prefix. With galloping on (the default), a run of identical holder sets
-//! costs O(log run) lookups instead of one per block: at 10M holdings each lookup is a DRAM
-//! miss, so this is what keeps an 8k-token prompt within a few microseconds.
+//! block costs one hash lookup and nothing else. With galloping on (the default), a run of
+//! identical holder sets costs O(log run) lookups instead of one per block: at 10M holdings
+//! each lookup is a DRAM miss, so this is what keeps an 8k-token prompt within microseconds.
+//!
+//! Where the holder set changes, the walk does not re-intersect the candidates with the new
+//! set. Along a prompt, held prefixes are monotone (the key chain means a block is held with
+//! its parent), so the new set is usually the previous one minus a few holdings. Both sets are
+//! sorted, so each missing holding is found by galloping to the first position where the two
+//! lists disagree (O(log holders) per drop), and the XOR fingerprints confirm that nothing
+//! else changed; only the dropped endpoints are updated. Any other change (a holding added, a
+//! tier swapped) falls back to merging the live candidates with the new set, which is exact
+//! whatever the shape. So a lookup costs O(candidates) once, for block 0, plus O(log holders)
+//! per dropped holding, instead of O(holders) per changed block; each candidate's score is
+//! kept as (weight, since) and settled only when its weight changes.
 
 use std::time::Instant;
 
-use crate::index::holders::{Holders, Holding};
+use crate::index::holders::{Holding, Snap};
 use crate::index::{EndpointId, KvIndex, TierWeights};
 use crate::keys::BlockKeys;
 
@@ -60,14 +69,6 @@ impl PrefixScores {
     }
 }
 
-#[derive(Debug, Clone, Copy)]
-struct Active {
-    ep: u32,
-    weight: f64,
-    score: f64,
-    blocks: u32,
-}
-
 impl KvIndex {
     /// Scores `candidates` for a prompt's block keys.
     ///
@@ -98,39 +99,48 @@ impl KvIndex {
             return out;
         }
         let mut cands: Vec<u32> = candidates.iter().map(|c| c.0).collect();
-        cands.sort_unstable();
-        cands.dedup();
-        let mut w = Walker {
-            now: self.inner.clock.now_ms() as u32,
-            weights: self.inner.config.tier_weights,
-            cands,
-            active: Vec::new(),
-            next: Vec::new(),
-            done: Vec::new(),
-            run: 0,
-            prev_fp: None,
-            first: true,
-        };
+        if !cands.windows(2).all(|w| w[0] < w[1]) {
+            cands.sort_unstable();
+            cands.dedup();
+        }
         let blocks = &self.inner.blocks;
+        let Some(first) = blocks.read_sync(&keys.keys[0].0, |_, h| h.snapshot()) else {
+            return out;
+        };
+        let mut w = Walker::new(
+            self.inner.clock.now_ms() as u32,
+            self.inner.config.tier_weights,
+            &cands,
+            first.as_slice(),
+        );
+        let gallop = self.inner.config.gallop;
         let peek = |i: usize| {
             keys.keys
                 .get(i)
                 .and_then(|k| blocks.read_sync(&k.0, |_, h| h.fingerprint()))
         };
         let n = keys.keys.len();
-        let mut pos = 0;
-        while pos < n {
-            let step = blocks
-                .read_sync(&keys.keys[pos].0, |_, h| w.step(h))
-                .unwrap_or(Step::Stop);
+        let mut prev = first;
+        let mut prev_fp = prev.fingerprint();
+        let mut pos = 1;
+        while pos < n && w.alive > 0 {
+            // One probe: the fingerprint, and a snapshot only when the set changed.
+            let Some(changed) = blocks.read_sync(&keys.keys[pos].0, |_, h| {
+                (h.fingerprint() != prev_fp).then(|| h.snapshot())
+            }) else {
+                break;
+            };
             pos += 1;
-            match step {
-                Step::Stop => break,
-                Step::Changed => {}
-                Step::Same if !self.inner.config.gallop => {}
-                Step::Same => {
+            match changed {
+                Some(snap) => {
+                    w.transition(&prev, &snap, pos as u32 - 1);
+                    prev_fp = snap.fingerprint();
+                    prev = snap;
+                }
+                None if !gallop => {}
+                None => {
                     // Inside a run: probe ahead exponentially, then bisect the run's end.
-                    let fp = w.prev_fp;
+                    let fp = Some(prev_fp);
                     let mut last_eq = pos - 1;
                     let mut stride = 2;
                     loop {
@@ -154,165 +164,288 @@ impl KvIndex {
                         }
                         break;
                     }
-                    w.run += (last_eq + 1 - pos) as u32;
                     pos = last_eq + 1;
                 }
             }
         }
-        flush(&mut w.active, w.run);
-        let mut done = w.done;
-        done.extend_from_slice(&w.active);
-        done.sort_unstable_by_key(|a| a.ep);
+        let end = pos as u32;
         let bs = u64::from(keys.block_size);
-        out.endpoints = done
-            .into_iter()
-            .filter(|a| a.blocks > 0)
-            .map(|a| EndpointScore {
-                endpoint: EndpointId(a.ep),
-                score: (a.score / f64::from(total)).clamp(0.0, 1.0),
-                matched_blocks: a.blocks,
-                predicted_cached_tokens: u64::from(a.blocks) * bs,
+        out.endpoints = w
+            .cands
+            .iter_mut()
+            .map(|c| {
+                if c.alive {
+                    c.settle(end);
+                    c.blocks = end;
+                }
+                EndpointScore {
+                    endpoint: EndpointId(c.ep),
+                    score: (c.score / f64::from(total)).clamp(0.0, 1.0),
+                    matched_blocks: c.blocks,
+                    predicted_cached_tokens: u64::from(c.blocks) * bs,
+                }
             })
             .collect();
         out
     }
 }
 
-/// Outcome of one block of the walk.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Step {
-    /// Same holder set as the previous block.
-    Same,
-    /// Holder set changed; the active set was recomputed and is not empty.
-    Changed,
-    /// No candidate holds this block (or it is unknown): the prefix ends.
-    Stop,
+/// One candidate that holds block 0.
+#[derive(Debug, Clone, Copy)]
+struct Cand {
+    ep: u32,
+    /// Best unexpired tier weight since block `since`.
+    weight: f64,
+    since: u32,
+    /// Weighted blocks before `since`.
+    score: f64,
+    /// Matched blocks, set when the candidate drops out (or at the end).
+    blocks: u32,
+    alive: bool,
 }
 
-/// State of one prefix walk.
+impl Cand {
+    fn new(ep: u32, weight: f64) -> Self {
+        Cand {
+            ep,
+            weight,
+            since: 0,
+            score: 0.0,
+            blocks: 0,
+            alive: true,
+        }
+    }
+
+    /// Adds the stretch `[since, at)` at the current weight.
+    fn settle(&mut self, at: u32) {
+        self.score += self.weight * f64::from(at - self.since);
+        self.since = at;
+    }
+
+    /// The (live) candidate's best weight on block `at` is `best` (`None`: it does not hold
+    /// it). Returns true when it drops out.
+    fn apply(&mut self, best: Option<f64>, at: u32) -> bool {
+        match best {
+            Some(w) if w == self.weight => false,
+            Some(w) => {
+                self.settle(at);
+                self.weight = w;
+                false
+            }
+            None => {
+                self.settle(at);
+                self.blocks = at;
+                self.alive = false;
+                true
+            }
+        }
+    }
+}
+
+/// State of one prefix walk: the candidates holding block 0, sorted by endpoint.
 struct Walker {
     now: u32,
-    weights: TierWeights,
-    cands: Vec<u32>,
-    active: Vec<Active>,
-    next: Vec<Active>,
-    done: Vec<Active>,
-    run: u32,
-    prev_fp: Option<u64>,
-    first: bool,
+    /// Weight per tier bits (see [`Tier::from_bits`](crate::Tier)).
+    weights: [f64; 4],
+    cands: Vec<Cand>,
+    alive: usize,
+    drops: Vec<usize>,
+    /// Endpoint id → position in `cands` (`u32::MAX`: not a candidate); empty until needed.
+    dense: Vec<u32>,
+    /// Binary searches done so far (see [`Walker::cand_index`]).
+    searches: u32,
 }
 
 impl Walker {
-    fn step(&mut self, h: &Holders) -> Step {
-        let fp = h.fingerprint();
-        if self.prev_fp == Some(fp) {
-            self.run += 1;
-            return Step::Same;
-        }
-        flush(&mut self.active, self.run);
-        self.run = 0;
-        self.next.clear();
-        let holders = h.as_slice();
-        if self.first {
-            intersect(
-                &self.cands,
-                holders,
-                self.now,
-                &self.weights,
-                &mut self.next,
-                |ep| Active {
-                    ep,
-                    weight: 0.0,
-                    score: 0.0,
-                    blocks: 0,
-                },
-            );
+    /// Intersects the sorted candidate ids with block 0's holders.
+    fn new(now: u32, weights: TierWeights, eps: &[u32], holders: &[Holding]) -> Self {
+        let weights = [0, 1, 2, 3].map(|bits| weights.of(bits));
+        let mut cands = Vec::with_capacity(eps.len().min(holders.len()));
+        if eps.len() * 16 < holders.len() {
+            // Few candidates: binary-search each.
+            for &ep in eps {
+                let start = holders.partition_point(|h| h.ep < ep);
+                if let Some(weight) = best_weight(run_of(&holders[start..], ep), now, &weights) {
+                    cands.push(Cand::new(ep, weight));
+                }
+            }
         } else {
-            let active = &self.active;
-            let mut ai = 0;
-            let eps: Vec<u32> = active.iter().map(|a| a.ep).collect();
-            intersect(
-                &eps,
-                holders,
-                self.now,
-                &self.weights,
-                &mut self.next,
-                |ep| {
-                    while active.get(ai).is_some_and(|a| a.ep < ep) {
-                        ai += 1;
+            let (mut ci, mut j) = (0, 0);
+            while let Some(&h) = holders.get(j) {
+                while eps.get(ci).is_some_and(|c| *c < h.ep) {
+                    ci += 1;
+                }
+                let Some(&c) = eps.get(ci) else { break };
+                let mut k = j + 1;
+                while holders.get(k).is_some_and(|x| x.ep == h.ep) {
+                    k += 1;
+                }
+                if c == h.ep {
+                    ci += 1;
+                    if k == j + 1 {
+                        // One holding (the common case).
+                        if !h.is_expired(now) {
+                            cands.push(Cand::new(c, weights[usize::from(h.tier & 3)]));
+                        }
+                    } else if let Some(weight) = best_weight(&holders[j..k], now, &weights) {
+                        cands.push(Cand::new(c, weight));
                     }
-                    active.get(ai).copied().unwrap_or(Active {
-                        ep,
-                        weight: 0.0,
-                        score: 0.0,
-                        blocks: 0,
-                    })
-                },
-            );
-            // Endpoints that dropped out are final.
-            let mut ni = 0;
-            for a in &self.active {
-                while self.next.get(ni).is_some_and(|n| n.ep < a.ep) {
-                    ni += 1;
                 }
-                if self.next.get(ni).is_none_or(|n| n.ep != a.ep) {
-                    self.done.push(*a);
-                }
+                j = k;
             }
         }
-        self.first = false;
-        std::mem::swap(&mut self.active, &mut self.next);
-        if self.active.is_empty() {
-            return Step::Stop;
+        Walker {
+            now,
+            weights,
+            alive: cands.len(),
+            cands,
+            drops: Vec::new(),
+            dense: Vec::new(),
+            searches: 0,
         }
-        self.run = 1;
-        self.prev_fp = Some(fp);
-        Step::Changed
     }
-}
 
-/// Adds the pending run of identical blocks to every active endpoint.
-fn flush(active: &mut [Active], run: u32) {
-    if run == 0 {
-        return;
-    }
-    for a in active {
-        a.score += a.weight * f64::from(run);
-        a.blocks += run;
-    }
-}
-
-/// Merges sorted endpoint ids with sorted holdings: for each id holding the block (unexpired),
-/// pushes `make(ep)` with `weight` = its best tier weight.
-fn intersect(
-    eps: &[u32],
-    holders: &[Holding],
-    now: u32,
-    weights: &TierWeights,
-    out: &mut Vec<Active>,
-    mut make: impl FnMut(u32) -> Active,
-) {
-    let (mut i, mut j) = (0, 0);
-    while let (Some(&ep), Some(h)) = (eps.get(i), holders.get(j)) {
-        if ep < h.ep {
-            i += 1;
-        } else if h.ep < ep {
-            j += 1;
+    /// The holder set changed from `prev` to `next` at block `at`.
+    fn transition(&mut self, prev: &Snap, next: &Snap, at: u32) {
+        let (p, q) = (prev.as_slice(), next.as_slice());
+        let fp_xor = prev.fingerprint() ^ next.fingerprint();
+        let mut drops = std::mem::take(&mut self.drops);
+        // Searching costs a few binary searches per dropped holding, merging one step per
+        // candidate and per new holding: search unless many holdings dropped.
+        let few = p.len().saturating_sub(q.len()) * 16 <= self.cands.len() + q.len();
+        if few && dropped_only(p, q, fp_xor, &mut drops) {
+            for (di, &x) in drops.iter().enumerate() {
+                let ep = p[x].ep;
+                if di > 0 && p[drops[di - 1]].ep == ep {
+                    continue; // same endpoint as the previous drop: done
+                }
+                if let Some(ci) = self.cand_index(ep) {
+                    // What `ep` still holds is its run in `p` minus the drops: read it there,
+                    // next to the drop (in cache), rather than searching `q`.
+                    let start = p[..x].iter().rposition(|h| h.ep != ep).map_or(0, |i| i + 1);
+                    let run = run_of(&p[start..], ep);
+                    let kept = run
+                        .iter()
+                        .enumerate()
+                        .filter(|(i, _)| drops.binary_search(&(start + i)).is_err())
+                        .map(|(_, h)| h);
+                    let best = best_weight(kept, self.now, &self.weights);
+                    self.update(ci, best, at);
+                }
+            }
         } else {
-            let mut best: Option<f64> = None;
-            while let Some(h) = holders.get(j).filter(|h| h.ep == ep) {
-                if !h.is_expired(now) {
-                    let w = weights.of(h.tier);
-                    best = Some(best.map_or(w, |b: f64| b.max(w)));
+            let mut j = 0;
+            let mut died = 0;
+            for c in self.cands.iter_mut().filter(|c| c.alive) {
+                while q.get(j).is_some_and(|h| h.ep < c.ep) {
+                    j += 1;
                 }
-                j += 1;
+                let run = run_of(&q[j..], c.ep);
+                j += run.len();
+                died += usize::from(c.apply(best_weight(run, self.now, &self.weights), at));
             }
-            if let Some(w) = best {
-                let mut a = make(ep);
-                a.weight = w;
-                out.push(a);
+            self.alive -= died;
+        }
+        self.drops = drops;
+    }
+
+    /// Position of `ep` in `cands`: binary search for the first few calls, then through a
+    /// dense endpoint-id table (worth building once a walk has many drops).
+    fn cand_index(&mut self, ep: u32) -> Option<usize> {
+        if self.searches < 64 {
+            self.searches += 1;
+            return self.cands.binary_search_by_key(&ep, |c| c.ep).ok();
+        }
+        if self.dense.is_empty() {
+            let len = self.cands.last().map_or(0, |c| c.ep as usize + 1);
+            self.dense = vec![u32::MAX; len];
+            for (i, c) in self.cands.iter().enumerate() {
+                self.dense[c.ep as usize] = i as u32;
             }
-            i += 1;
+        }
+        self.dense
+            .get(ep as usize)
+            .filter(|i| **i != u32::MAX)
+            .map(|i| *i as usize)
+    }
+
+    /// Candidate `ci`'s best weight on block `at` is `best` (`None`: it does not hold it).
+    fn update(&mut self, ci: usize, best: Option<f64>, at: u32) {
+        if let Some(c) = self.cands.get_mut(ci).filter(|c| c.alive) {
+            self.alive -= usize::from(c.apply(best, at));
         }
     }
+}
+
+/// The leading holdings of `hs` that belong to `ep`.
+fn run_of(hs: &[Holding], ep: u32) -> &[Holding] {
+    let mut n = 0;
+    while hs.get(n).is_some_and(|h| h.ep == ep) {
+        n += 1;
+    }
+    &hs[..n]
+}
+
+/// Best unexpired tier weight among one endpoint's holdings (`None`: none is live).
+fn best_weight<'a>(
+    hs: impl IntoIterator<Item = &'a Holding>,
+    now: u32,
+    weights: &[f64; 4],
+) -> Option<f64> {
+    let mut best: Option<f64> = None;
+    for h in hs {
+        if !h.is_expired(now) {
+            let w = weights[usize::from(h.tier & 3)];
+            best = Some(best.map_or(w, |b: f64| b.max(w)));
+        }
+    }
+    best
+}
+
+/// When the sorted set `q` is the sorted set `p` minus some holdings, fills `out` with their
+/// positions in `p` and returns true. Each drop is found by galloping to the first position
+/// where `p[x]` and `q[x - drops found so far]` disagree; `fp_xor` (the two fingerprints
+/// XORed) then confirms that the dropped holdings explain the whole difference. Returns false
+/// for any other change, and the caller merges instead.
+pub(crate) fn dropped_only(
+    p: &[Holding],
+    q: &[Holding],
+    fp_xor: u64,
+    out: &mut Vec<usize>,
+) -> bool {
+    out.clear();
+    let Some(d) = p.len().checked_sub(q.len()).filter(|d| *d > 0) else {
+        return false;
+    };
+    // p[x] still sits at its place in q after `k` earlier drops (x >= k always holds here).
+    let agree = |x: usize, k: usize| q.get(x - k).is_some_and(|h| h.same(&p[x]));
+    let mut from = 0;
+    for k in 0..d {
+        // The first disagreement in [from, q.len() + k]; the upper end never agrees.
+        let (mut lo, hi) = (from, q.len() + k);
+        let mut step = 1;
+        while lo < hi && agree(lo, k) {
+            let probe = lo + step;
+            if probe < hi && agree(probe, k) {
+                lo = probe + 1;
+                step *= 2;
+                continue;
+            }
+            // Disagreement in (lo, min(probe, hi)]: bisect.
+            let (mut a, mut b) = (lo + 1, probe.min(hi));
+            while a < b {
+                let mid = a + (b - a) / 2;
+                if agree(mid, k) {
+                    a = mid + 1;
+                } else {
+                    b = mid;
+                }
+            }
+            lo = a;
+            break;
+        }
+        out.push(lo);
+        from = lo + 1;
+    }
+    out.iter().fold(fp_xor, |acc, &x| acc ^ p[x].mix()) == 0
 }

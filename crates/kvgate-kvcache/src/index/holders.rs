@@ -1,9 +1,15 @@
 //! The compact per-block holder set stored in the global block map.
 //!
 //! Most blocks are held by one endpoint, so one holding lives inline (16 bytes for the whole
-//! value); larger sets move to a boxed, sorted vector. Every set carries a fingerprint (XOR of
-//! a mix of each holding) so the scorer can tell in O(1) that the next block of a prompt has
-//! exactly the same holders and tiers as the previous one.
+//! value); larger sets move to a shared (`Arc`), sorted vector. Every set carries a fingerprint
+//! (XOR of a mix of each holding) so the scorer can tell in O(1) that the next block of a
+//! prompt has exactly the same holders and tiers as the previous one.
+//!
+//! The scorer takes a [`Snap`] of a block (a copy of the inline holding, or a clone of the
+//! `Arc`), so it can compare two blocks' sets after the map's read guard is gone; writers
+//! mutate through `Arc::make_mut`, which copies the set only while a lookup still holds it.
+
+use std::sync::Arc;
 
 use crate::event::Tier;
 
@@ -53,7 +59,7 @@ impl Holding {
     /// Fingerprint contribution: identity, tier, and for speculative holdings the deadline
     /// (so two blocks with equal fingerprints also expire together). The REFERENCED bit is
     /// bookkeeping and stays out.
-    fn mix(&self) -> u64 {
+    pub(crate) fn mix(&self) -> u64 {
         let spec = self.is_speculative();
         let x = u64::from(self.ep)
             | (u64::from(self.tier) << 32)
@@ -73,16 +79,49 @@ impl Holding {
     fn order(&self) -> (u32, u8) {
         (self.ep, self.tier)
     }
+
+    /// Same identity as `other` (what the fingerprint covers): endpoint, tier, speculative
+    /// flag and, for speculative holdings, the deadline. REFERENCED is ignored.
+    pub(crate) fn same(&self, other: &Holding) -> bool {
+        let spec = self.is_speculative();
+        self.ep == other.ep
+            && self.tier == other.tier
+            && spec == other.is_speculative()
+            && (!spec || self.deadline == other.deadline)
+    }
+}
+
+/// A lookup's copy of one block's holder set (see the module docs).
+#[derive(Debug, Clone)]
+pub(crate) enum Snap {
+    One(Holding),
+    Many(Arc<Many>),
+}
+
+impl Snap {
+    pub(crate) fn as_slice(&self) -> &[Holding] {
+        match self {
+            Snap::One(h) => std::slice::from_ref(h),
+            Snap::Many(m) => &m.list,
+        }
+    }
+
+    pub(crate) fn fingerprint(&self) -> u64 {
+        match self {
+            Snap::One(h) => h.mix(),
+            Snap::Many(m) => m.fp,
+        }
+    }
 }
 
 /// The holders of one block key.
 #[derive(Debug)]
 pub(crate) enum Holders {
     One(Holding),
-    Many(Box<Many>),
+    Many(Arc<Many>),
 }
 
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) struct Many {
     fp: u64,
     /// Sorted by (endpoint, tier); at most one holding per (endpoint, tier).
@@ -101,6 +140,14 @@ impl Holders {
         match self {
             Holders::One(h) => std::slice::from_ref(h),
             Holders::Many(m) => &m.list,
+        }
+    }
+
+    /// The lookup's copy of this set.
+    pub(crate) fn snapshot(&self) -> Snap {
+        match self {
+            Holders::One(h) => Snap::One(*h),
+            Holders::Many(m) => Snap::Many(Arc::clone(m)),
         }
     }
 
@@ -130,12 +177,13 @@ impl Holders {
                 let one = *one;
                 let mut list = vec![one, h];
                 list.sort_unstable_by_key(Holding::order);
-                *self = Holders::Many(Box::new(Many {
+                *self = Holders::Many(Arc::new(Many {
                     fp: one.mix() ^ h.mix(),
                     list,
                 }));
             }
             Holders::Many(m) => {
+                let m = Arc::make_mut(m);
                 let pos = m.list.partition_point(|x| x.order() < h.order());
                 m.list.insert(pos, h);
                 m.fp ^= h.mix();
@@ -148,6 +196,7 @@ impl Holders {
         match self {
             Holders::One(one) => *one = h,
             Holders::Many(m) => {
+                let m = Arc::make_mut(m);
                 if let Some(slot) = m.list.get_mut(i) {
                     m.fp ^= slot.mix() ^ h.mix();
                     *slot = h;
@@ -162,6 +211,7 @@ impl Holders {
         match self {
             Holders::One(_) => false,
             Holders::Many(m) => {
+                let m = Arc::make_mut(m);
                 if i < m.list.len() {
                     let h = m.list.remove(i);
                     m.fp ^= h.mix();
@@ -183,7 +233,9 @@ impl Holders {
         match self {
             Holders::One(_) => 0,
             Holders::Many(m) => {
-                std::mem::size_of::<Many>() + m.list.capacity() * std::mem::size_of::<Holding>()
+                // Arc header (two counts) + the set.
+                16 + std::mem::size_of::<Many>()
+                    + m.list.capacity() * std::mem::size_of::<Holding>()
             }
         }
     }
