@@ -3,13 +3,16 @@
 //! A [`TokenizerChain`] tries its backends in order; each refusal becomes a [`Fallback`]
 //! (logged at DEBUG with the request id and both model names, counted in
 //! `kvgate_tokenize_total{outcome="fallback",reason=…}`), and the first success wins.
-//! CPU-bound local tokenization runs on the [`BlockingPool`]; a full queue is returned
-//! to the caller as [`TokenizeError::QueueFull`] (HTTP 503), never silently degraded.
+//! CPU-bound local tokenization runs on the [`BlockingPool`]; a full queue, or a job no
+//! worker took within the queue-wait bound, is returned to the caller as
+//! [`TokenizeError::QueueFull`] or [`TokenizeError::Busy`] (each counted): the proxy then
+//! routes on load, so a pool that falls behind bounds the wait it adds instead of failing
+//! requests.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use kvgate_request::{Api, SealedRequest};
@@ -62,9 +65,14 @@ pub enum BuildError {
 /// Errors of [`TokenizeService::tokenize`].
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum TokenizeError {
-    /// The blocking queue is full: answer 503 and let the client retry.
+    /// The blocking queue is full: route without tokens (counted in
+    /// `kvgate_tokenize_queue_rejected_total`).
     #[error("tokenizer queue full")]
     QueueFull,
+    /// No worker took the job within the pool's queue-wait bound: route without tokens
+    /// (counted in `kvgate_tokenize_queue_abandoned_total`).
+    #[error("tokenizer queue wait exceeded")]
+    Busy,
     /// The blocking pool is gone (shutdown).
     #[error("tokenizer pool closed")]
     PoolClosed,
@@ -254,6 +262,8 @@ impl TokenizeService {
             PoolOptions {
                 threads: config.pool_threads,
                 queue_limit: config.queue_limit,
+                max_queue_wait: (config.max_queue_wait_ms > 0)
+                    .then(|| Duration::from_millis(config.max_queue_wait_ms)),
             },
             metrics.pool.clone(),
         )
@@ -303,7 +313,8 @@ impl TokenizeService {
     /// tokenized, and POSTed to `/render`, is exactly `req.body()`.
     ///
     /// # Errors
-    /// [`TokenizeError::QueueFull`] (→ 503), [`TokenizeError::UnknownModel`], or
+    /// [`TokenizeError::QueueFull`] or [`TokenizeError::Busy`] (the proxy routes without
+    /// tokens), [`TokenizeError::UnknownModel`], or
     /// [`TokenizeError::AllBackendsFailed`] when the chain has no estimate step.
     pub async fn tokenize(&self, req: &SealedRequest) -> Result<Tokenized, TokenizeError> {
         let model = req.model().unwrap_or_default();
@@ -321,7 +332,7 @@ impl TokenizeService {
     /// (and counts the fallback) as usual.
     ///
     /// # Errors
-    /// [`TokenizeError::QueueFull`] or [`TokenizeError::PoolClosed`].
+    /// [`TokenizeError::QueueFull`], [`TokenizeError::Busy`] or [`TokenizeError::PoolClosed`].
     pub async fn tokenize_prefix(
         &self,
         req: &SealedRequest,
@@ -362,7 +373,7 @@ impl TokenizeService {
     /// `Ok(None)` on an encode error (call [`TokenizeService::tokenize`]).
     ///
     /// # Errors
-    /// [`TokenizeError::QueueFull`] or [`TokenizeError::PoolClosed`].
+    /// [`TokenizeError::QueueFull`], [`TokenizeError::Busy`] or [`TokenizeError::PoolClosed`].
     pub async fn extend_prefix(
         &self,
         mut session: PrefixSession,
@@ -397,6 +408,7 @@ impl TokenizeService {
         match self.pool.run(f).await {
             Ok(r) => Ok(r),
             Err(PoolError::QueueFull) => Err(TokenizeError::QueueFull),
+            Err(PoolError::WaitExceeded) => Err(TokenizeError::Busy),
             Err(PoolError::Closed) => Err(TokenizeError::PoolClosed),
             Err(PoolError::Panicked(message)) => Ok(Err(BackendError::new(
                 FallbackReason::TokenizerPanic,

@@ -15,6 +15,9 @@ pub struct TokenizeConfig {
     pub pool_threads: usize,
     /// Jobs that may wait for a worker; beyond that callers get `QueueFull` (default 256).
     pub queue_limit: usize,
+    /// Milliseconds a request's tokenization may wait for a worker before it is given up and
+    /// the request is routed without tokens (default 100; 0 = wait as long as it takes).
+    pub max_queue_wait_ms: u64,
     /// Per-tokenizer segment-cache budget, in cached token ids (default 4,000,000; 0 = off).
     pub prefix_cache_max_tokens: u64,
     /// One entry per canonical model name.
@@ -26,6 +29,7 @@ impl Default for TokenizeConfig {
         TokenizeConfig {
             pool_threads: 2,
             queue_limit: 256,
+            max_queue_wait_ms: 100,
             prefix_cache_max_tokens: 4_000_000,
             models: Vec::new(),
         }

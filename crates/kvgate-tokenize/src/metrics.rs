@@ -18,6 +18,9 @@ pub const QUEUE_REJECTED_TOTAL: &str = "kvgate_tokenize_queue_rejected_total";
 /// `kvgate_tokenize_panics_total`: tokenizer jobs that panicked (the request fell back to the
 /// next backend; the worker thread was kept).
 pub const PANICS_TOTAL: &str = "kvgate_tokenize_panics_total";
+/// `kvgate_tokenize_queue_abandoned_total`: tokenizations given up because no worker took
+/// them within the queue-wait bound (the request was routed without tokens).
+pub const QUEUE_ABANDONED_TOTAL: &str = "kvgate_tokenize_queue_abandoned_total";
 /// `kvgate_tokenize_prefix_total{model,outcome}`: prefix tokenizations (routing needed
 /// only a prefix), by `outcome`: `stopped_early` or `complete`.
 pub const TOKENIZE_PREFIX_TOTAL: &str = "kvgate_tokenize_prefix_total";
@@ -27,7 +30,7 @@ pub const TOKENIZE_PREFIX_SKIPPED_TOKENS_TOTAL: &str =
     "kvgate_tokenize_prefix_skipped_tokens_total";
 
 /// Each family's name and help text.
-const HELP: [(&str, &str); 6] = [
+const HELP: [(&str, &str); 7] = [
     (
         TOKENIZE_TOTAL,
         "Tokenization attempts per model, backend, outcome and fallback reason",
@@ -39,6 +42,10 @@ const HELP: [(&str, &str); 6] = [
     (
         QUEUE_REJECTED_TOTAL,
         "Tokenization requests rejected because the blocking queue was full",
+    ),
+    (
+        QUEUE_ABANDONED_TOTAL,
+        "Tokenizations given up after waiting the queue-wait bound; the request was routed without tokens",
     ),
     (
         PANICS_TOTAL,
@@ -134,6 +141,7 @@ impl TokenizeMetrics {
         register(registry, TOKENIZE_DURATION_SECONDS, m.duration.clone());
         register(registry, QUEUE_REJECTED_TOTAL, m.pool.rejected.clone());
         register(registry, PANICS_TOTAL, m.pool.panics.clone());
+        register(registry, QUEUE_ABANDONED_TOTAL, m.pool.abandoned.clone());
         register(registry, TOKENIZE_PREFIX_TOTAL, m.prefix.clone());
         register(
             registry,
@@ -218,6 +226,11 @@ impl TokenizeMetrics {
     /// Current value of `kvgate_tokenize_queue_rejected_total`.
     pub fn queue_rejected_value(&self) -> u64 {
         self.pool.rejected.get()
+    }
+
+    /// Current value of `kvgate_tokenize_queue_abandoned_total`.
+    pub fn queue_abandoned_value(&self) -> u64 {
+        self.pool.abandoned.get()
     }
 
     /// Current value of `kvgate_tokenize_panics_total`.

@@ -15,6 +15,7 @@ fn service(order: &[BackendKind], threads: usize) -> TokenizeService {
     let pool = PoolOptions {
         threads,
         queue_limit: 8,
+        max_queue_wait: None,
     };
     TokenizeService::from_chains(vec![chain], pool, TokenizeMetrics::unregistered()).unwrap()
 }

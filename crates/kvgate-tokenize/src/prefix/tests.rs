@@ -274,6 +274,7 @@ async fn service_prefix_round_trip() {
         PoolOptions {
             threads: 1,
             queue_limit: 8,
+            max_queue_wait: None,
         },
         TokenizeMetrics::unregistered(),
     )
