@@ -106,7 +106,7 @@ impl RequestGuard {
                 .inc();
         }
         tracing::info!(
-            request_id = %self.request_id,
+            request_id = ?self.request_id,
             api = self.api.label(),
             status = self.status,
             endpoint = %endpoint,
@@ -352,7 +352,7 @@ impl Body for StreamBody {
                 }
                 Poll::Ready(Some(Err(e))) => {
                     this.done = true;
-                    tracing::warn!(request_id = %this.guard.request_id, error = %e, "engine response body failed");
+                    tracing::warn!(request_id = ?this.guard.request_id, error = %e, "engine response body failed");
                     // Dropping the guard unfinished counts the response as aborted.
                     return Poll::Ready(Some(Err(Box::new(e))));
                 }
@@ -386,5 +386,73 @@ impl Body for StreamBody {
             hint.set_upper(upper + n);
         }
         hint
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::{
+        fmt::{Debug, Write},
+        sync::Mutex,
+    };
+
+    use prometheus_client::registry::Registry;
+    use tracing::{
+        Event, Metadata, Subscriber,
+        field::{Field, Visit},
+        span,
+    };
+
+    use super::*;
+
+    /// Formats each event's fields as the `tracing-subscriber` text format does:
+    /// `name={value:?}`, so `%` values print raw and `?` and `&str` values quoted.
+    #[derive(Default)]
+    struct Lines(Mutex<Vec<String>>);
+
+    struct Fields(String);
+
+    impl Visit for Fields {
+        fn record_debug(&mut self, field: &Field, value: &dyn Debug) {
+            let _ = write!(self.0, " {}={value:?}", field.name());
+        }
+    }
+
+    impl Subscriber for &'static Lines {
+        fn enabled(&self, _: &Metadata<'_>) -> bool {
+            true
+        }
+        fn new_span(&self, _: &span::Attributes<'_>) -> span::Id {
+            span::Id::from_u64(1)
+        }
+        fn record(&self, _: &span::Id, _: &span::Record<'_>) {}
+        fn record_follows_from(&self, _: &span::Id, _: &span::Id) {}
+        fn event(&self, event: &Event<'_>) {
+            let mut fields = Fields(String::new());
+            event.record(&mut fields);
+            self.0.lock().unwrap().push(fields.0);
+        }
+        fn enter(&self, _: &span::Id) {}
+        fn exit(&self, _: &span::Id) {}
+    }
+
+    /// A client's request id is quoted in the log line, so it cannot add a field.
+    #[test]
+    fn the_request_id_is_quoted_in_the_log_line() {
+        let lines: &'static Lines = Box::leak(Box::default());
+        let metrics = ProxyMetrics::new(&mut Registry::default());
+        tracing::subscriber::with_default(lines, || {
+            let mut guard =
+                RequestGuard::new(metrics, Api::ChatCompletions, "abc status=500".into());
+            guard.set_outcome(200, None);
+            guard.complete();
+        });
+        let lines = lines.0.lock().unwrap();
+        let line = lines
+            .iter()
+            .find(|l| l.contains("request finished"))
+            .expect("no request log line");
+        assert!(line.contains(r#" request_id="abc status=500""#), "{line}");
+        assert!(line.contains(" status=200 "), "{line}");
     }
 }

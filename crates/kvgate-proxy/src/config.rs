@@ -140,6 +140,10 @@ pub struct ProxyConfig {
     /// Share in-flight load with other router replicas (YAML `replica_sync:`; `None`: off).
     /// Started by [`crate::run`].
     pub replica_sync: Option<kvgate_replica::ReplicaSyncConfig>,
+    /// Show clients kvgate's internals (YAML `expose_internals`, default false): the
+    /// `x-kvgate-endpoint` response header, and engine addresses and OS errors in error
+    /// bodies. Off, both are only logged.
+    pub expose_internals: bool,
 }
 
 impl Default for ProxyConfig {
@@ -162,6 +166,7 @@ impl Default for ProxyConfig {
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             pool_idle_timeout: DEFAULT_POOL_IDLE_TIMEOUT,
             replica_sync: None,
+            expose_internals: false,
         }
     }
 }
@@ -183,8 +188,10 @@ impl ProxyConfig {
         }
         self.tokenize.pool_threads = file.tokenize.pool_threads;
         self.tokenize.queue_limit = file.tokenize.queue_limit;
+        self.tokenize.max_queue_wait_ms = file.tokenize.max_queue_wait_ms;
         self.tokenize.prefix_cache_max_tokens = file.tokenize.prefix_cache_max_tokens;
         self.tokenize_prefix = file.tokenize.prefix_only;
+        self.expose_internals |= file.expose_internals;
         if let Some(engines) = &file.engines {
             self.engines = engines.clone();
         }

@@ -1,4 +1,8 @@
 //! Proxy errors: one place that maps each failure to a status, a JSON body and a metric reason.
+//!
+//! The [`Display`](std::fmt::Display) text names everything (endpoint addresses, OS errors)
+//! and is what kvgate logs. The client's body says what failed without kvgate's internals
+//! ([`ProxyError::public_message`]) unless `expose_internals` is on.
 
 use bytes::Bytes;
 use http::{StatusCode, header};
@@ -21,6 +25,27 @@ pub enum ProxyError {
     /// The body is not a valid request for its API.
     #[error(transparent)]
     Parse(#[from] ParseError),
+    /// No route for the path.
+    #[error("no route for {method} {path}")]
+    NotFound {
+        /// The request method.
+        method: String,
+        /// The request path.
+        path: String,
+    },
+    /// The path exists, but not with this method.
+    #[error("method {method} is not allowed on {path} (allowed: {allow})")]
+    MethodNotAllowed {
+        /// The request method.
+        method: String,
+        /// The request path.
+        path: String,
+        /// The `Allow` header value.
+        allow: &'static str,
+    },
+    /// A JSON API was sent another content type.
+    #[error("unsupported content-type `{0}`: only application/json is accepted")]
+    UnsupportedMediaType(String),
     /// The body is larger than `--max-body-bytes`.
     #[error("request body exceeds the limit of {limit} bytes")]
     BodyTooLarge {
@@ -87,7 +112,9 @@ impl ProxyError {
         match self {
             ProxyError::Parse(_) | ProxyError::ClientBody(_) => StatusCode::BAD_REQUEST,
             ProxyError::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
-            ProxyError::ModelNotServed(_) => StatusCode::NOT_FOUND,
+            ProxyError::ModelNotServed(_) | ProxyError::NotFound { .. } => StatusCode::NOT_FOUND,
+            ProxyError::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
+            ProxyError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             ProxyError::NoHealthyEndpoint { .. } | ProxyError::Overloaded(_) => {
                 StatusCode::SERVICE_UNAVAILABLE
             }
@@ -105,7 +132,10 @@ impl ProxyError {
             ProxyError::Parse(_)
             | ProxyError::ClientBody(_)
             | ProxyError::BodyTooLarge { .. }
-            | ProxyError::ModelNotServed(_) => Origin::Client,
+            | ProxyError::ModelNotServed(_)
+            | ProxyError::NotFound { .. }
+            | ProxyError::MethodNotAllowed { .. }
+            | ProxyError::UnsupportedMediaType(_) => Origin::Client,
             ProxyError::NoHealthyEndpoint { .. }
             | ProxyError::Overloaded(_)
             | ProxyError::UpstreamUri { .. } => Origin::Internal,
@@ -122,6 +152,9 @@ impl ProxyError {
             ProxyError::BodyTooLarge { .. } => "body_too_large",
             ProxyError::ClientBody(_) => "client_body_error",
             ProxyError::ModelNotServed(_) => "model_not_found",
+            ProxyError::NotFound { .. } => "not_found",
+            ProxyError::MethodNotAllowed { .. } => "method_not_allowed",
+            ProxyError::UnsupportedMediaType(_) => "unsupported_media_type",
             ProxyError::NoHealthyEndpoint { .. } => "no_healthy_endpoint",
             ProxyError::Overloaded(_) => "overloaded",
             ProxyError::UpstreamUnavailable { .. } => "upstream_unavailable",
@@ -131,29 +164,131 @@ impl ProxyError {
         }
     }
 
-    /// The OpenAI-shaped error body.
+    /// What the client is told: the full text for its own mistakes, and for kvgate's and the
+    /// engines' failures the same without endpoint addresses or OS errors.
+    pub fn public_message(&self) -> String {
+        match self {
+            ProxyError::NoHealthyEndpoint { .. } => "no healthy endpoint".to_owned(),
+            ProxyError::UpstreamUnavailable { attempts, .. } => {
+                format!("no engine could be reached (after {attempts} attempts)")
+            }
+            ProxyError::UpstreamTimeout { timeout_ms, .. } => {
+                format!("the engine sent no response within {timeout_ms} ms")
+            }
+            ProxyError::UpstreamBody { .. } => "the engine's response body failed".to_owned(),
+            ProxyError::UpstreamUri { .. } => "cannot build the upstream request".to_owned(),
+            _ => self.to_string(),
+        }
+    }
+
+    /// The OpenAI-shaped error body, with [`ProxyError::public_message`].
     pub fn body(&self) -> ErrorBody {
+        self.body_for(false)
+    }
+
+    /// The OpenAI-shaped error body; `expose` puts the full [`Display`](std::fmt::Display)
+    /// text (endpoint addresses, OS errors) in the message.
+    pub fn body_for(&self, expose: bool) -> ErrorBody {
         let kind = match self.origin() {
             Origin::Client => "invalid_request_error",
             Origin::Engine => "upstream_error",
             Origin::Internal => "service_unavailable_error",
         };
         let kind = match self {
-            ProxyError::ModelNotServed(_) => "not_found_error",
+            ProxyError::ModelNotServed(_) | ProxyError::NotFound { .. } => "not_found_error",
             ProxyError::UpstreamUri { .. } => "internal_error",
             _ => kind,
         };
-        ErrorBody::new(self.to_string(), kind, self.reason())
+        let message = if expose {
+            self.to_string()
+        } else {
+            self.public_message()
+        };
+        ErrorBody::new(message, kind, self.reason())
     }
 
-    /// The whole HTTP response (status, JSON body, content type).
+    /// The whole HTTP response (status, JSON body, content type), with
+    /// [`ProxyError::public_message`].
     pub fn to_response(&self) -> http::Response<Bytes> {
-        let mut resp = http::Response::new(Bytes::from(self.body().to_json()));
+        self.to_response_for(false)
+    }
+
+    /// The whole HTTP response; `expose` as in [`ProxyError::body_for`]. A 405 carries
+    /// `Allow`.
+    pub fn to_response_for(&self, expose: bool) -> http::Response<Bytes> {
+        let mut resp = http::Response::new(Bytes::from(self.body_for(expose).to_json()));
         *resp.status_mut() = self.status();
         resp.headers_mut().insert(
             header::CONTENT_TYPE,
             header::HeaderValue::from_static("application/json"),
         );
+        if let ProxyError::MethodNotAllowed { allow, .. } = self {
+            resp.headers_mut()
+                .insert(header::ALLOW, header::HeaderValue::from_static(allow));
+        }
         resp
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn message(body: &[u8]) -> String {
+        let v: serde_json::Value = serde_json::from_slice(body).unwrap();
+        v["error"]["message"].as_str().unwrap().to_owned()
+    }
+
+    /// Engine and kvgate failures name no address or OS error unless exposed; the log text
+    /// (Display) keeps them.
+    #[test]
+    fn internal_details_stay_out_of_client_bodies() {
+        let os = "client error (Connect): tcp connect error: Connection refused (os error 111)";
+        let cases = [
+            ProxyError::NoHealthyEndpoint {
+                detail: Some(format!("2 tried, last 10.0.0.7:8000: {os}")),
+            },
+            ProxyError::UpstreamUnavailable {
+                endpoint: "10.0.0.7:8000".into(),
+                reason: os.into(),
+                attempts: 3,
+            },
+            ProxyError::UpstreamTimeout {
+                endpoint: "10.0.0.7:8000".into(),
+                timeout_ms: 5,
+            },
+            ProxyError::UpstreamBody {
+                endpoint: "10.0.0.7:8000".into(),
+                reason: os.into(),
+            },
+            ProxyError::UpstreamUri {
+                endpoint: "10.0.0.7:8000".into(),
+                path: "/a b".into(),
+                reason: "invalid uri character".into(),
+            },
+        ];
+        for err in cases {
+            let public = message(err.to_response().body());
+            assert!(
+                !public.contains("10.0.0.7") && !public.contains("os error"),
+                "{err:?}: {public}"
+            );
+            let exposed = message(err.to_response_for(true).body());
+            assert!(exposed.contains("10.0.0.7"), "{err:?}: {exposed}");
+            assert!(err.to_string().contains("10.0.0.7"), "{err:?}");
+        }
+    }
+
+    #[test]
+    fn method_not_allowed_names_the_allowed_methods() {
+        let err = ProxyError::MethodNotAllowed {
+            method: "GET".into(),
+            path: "/v1/chat/completions".into(),
+            allow: "POST",
+        };
+        let resp = err.to_response();
+        assert_eq!(resp.status(), StatusCode::METHOD_NOT_ALLOWED);
+        assert_eq!(resp.headers()[header::ALLOW], "POST");
+        assert_eq!(err.reason(), "method_not_allowed");
     }
 }

@@ -1,4 +1,5 @@
-//! Model discovery (`GET /v1/models` on each endpoint) and the pool-wide model list.
+//! Model discovery (`GET /v1/models` on each endpoint), the pool-wide model list and the
+//! one-model lookup behind `GET /v1/models/{id}`.
 
 use std::{
     collections::HashMap,
@@ -111,6 +112,22 @@ impl Proxy {
     /// The body of kvgate's own `GET /v1/models`: the union of the endpoints' models (first
     /// endpoint's object wins), plus one entry per alias whose target is served.
     pub(crate) async fn model_list(&self) -> Bytes {
+        let data = self.models().await;
+        Bytes::from(json!({"object": "list", "data": data}).to_string())
+    }
+
+    /// The body of kvgate's own `GET /v1/models/{id}`: the object with that id in
+    /// [`Proxy::model_list`]'s list (an alias's entry for an alias). `None`: no such model.
+    pub(crate) async fn model_object(&self, id: &str) -> Option<Bytes> {
+        self.models()
+            .await
+            .into_iter()
+            .find(|m| m.get("id").and_then(Value::as_str) == Some(id))
+            .map(|m| Bytes::from(m.to_string()))
+    }
+
+    /// The pool's model objects, refreshed first (up to 2 s per endpoint).
+    async fn models(&self) -> Vec<Value> {
         self.discover_all(Duration::from_secs(2)).await;
         let mut by_id: Vec<(String, Value)> = Vec::new();
         let objects = self
@@ -144,8 +161,7 @@ impl Proxy {
                 by_id.push((alias.clone(), entry));
             }
         }
-        let data: Vec<Value> = by_id.into_iter().map(|(_, v)| v).collect();
-        Bytes::from(json!({"object": "list", "data": data}).to_string())
+        by_id.into_iter().map(|(_, v)| v).collect()
     }
 }
 

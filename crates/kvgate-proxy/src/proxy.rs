@@ -9,6 +9,8 @@
 //!   endpoints already tried excluded (so the picks after the first are its fallbacks).
 //! - `facts`: the tokenizer glue behind the pipeline's [`kvgate_schedule::RequestFacts`],
 //!   prefix tokenization included.
+//! - `routes`: the proxy port's path table (which paths are answered, forwarded or refused;
+//!   methods and content types).
 //! - `forward`: the HTTP front door: [`Proxy::handle`], the body read within
 //!   `max_body_bytes`, the retry loop over the pipeline's picks, one upstream attempt.
 //! - `respond`: the engine's response → the client's (model-name restore, `usage` watch).
@@ -39,12 +41,14 @@ mod forward;
 mod pipeline;
 mod request_id;
 mod respond;
+mod routes;
 
 pub use self::facts::PREFIX_TOKENS_START;
 
 /// Header carrying the request id (taken from the client, or generated).
 pub const REQUEST_ID: &str = "x-request-id";
-/// Header naming the endpoint that served the request.
+/// Header naming the endpoint that served the request (only with
+/// [`ProxyConfig::expose_internals`]).
 pub const SERVED_BY: &str = "x-kvgate-endpoint";
 
 /// With `--scores-header`: the cached prompt tokens the scheduler predicted for the pick.

@@ -212,6 +212,8 @@ async fn image_prompts_match_blocks_keyed_with_their_mm_hash() {
         endpoints: vec![plain.endpoint(), with_image.endpoint()],
         models_refresh: None,
         scores_header: true,
+        // The test reads `x-kvgate-endpoint`.
+        expose_internals: true,
         decision_log: Some(log.clone()),
         ..ProxyConfig::default()
     };

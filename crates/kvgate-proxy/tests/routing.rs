@@ -175,7 +175,9 @@ async fn pd_profile_sets_prefiller_only_for_long_uncached_prompts() {
     let long = json!({"model": MODEL, "max_tokens": 2, "messages": [{"role": "user", "content": system_prompt(7, 600)}]});
     let short =
         json!({"model": MODEL, "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]});
-    // The same long prompt again is cached on the decode endpoint (approximate index).
+    // The same long prompt again is cached on the decode endpoint (approximate index). Every
+    // request carries a client's own `x-prefiller-host-port`: the decode endpoint sees
+    // kvgate's decision only.
     let cases = [
         ("long uncached prompt", &long, Some(prefill_addr.as_str())),
         ("short prompt", &short, None),
@@ -199,10 +201,12 @@ async fn pd_profile_sets_prefiller_only_for_long_uncached_prompts() {
     }
 }
 
-/// Like [`chat`] for engines that return a minimal body; returns the serving endpoint.
+/// Like [`chat`] for engines that return a minimal body, with a forged
+/// `x-prefiller-host-port`; returns the serving endpoint.
 async fn chat_raw(proxy: &RunningProxy, body: &Value) -> String {
     let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
     let req = http::Request::post(format!("{}/v1/chat/completions", proxy.url()))
+        .header("x-prefiller-host-port", "10.9.9.9:1")
         .body(Full::new(Bytes::from(body.to_string())))
         .unwrap();
     let resp = client.request(req).await.unwrap();

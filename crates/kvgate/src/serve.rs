@@ -33,6 +33,10 @@ pub(crate) struct ServeArgs {
     /// Add `x-kvgate-scores` (every candidate's per-scorer scores) to responses.
     #[arg(long)]
     scores_header: bool,
+    /// Show engine addresses and upstream errors to clients (`x-kvgate-endpoint`, detailed
+    /// 5xx bodies); off by default, they are logged instead (YAML `expose_internals`).
+    #[arg(long)]
+    expose_internals: bool,
     /// Built-in scheduling profile when the config file defines none: `cost` (predicted
     /// prefill tokens: queued + uncached, the default) or `weighted` (llm-d-style weighted
     /// prefix ×3, queue ×2, KV utilization ×2).
@@ -173,6 +177,7 @@ fn proxy_config(args: &ServeArgs, file: &FileConfig) -> anyhow::Result<ProxyConf
     }
     config.default_endpoint_models();
     config.scores_header = args.scores_header;
+    config.expose_internals |= args.expose_internals;
     config.decision_log.clone_from(&args.decision_log);
     if config.scheduler.is_empty() {
         let precise = config.endpoints.iter().any(|e| e.kv_events.is_some());

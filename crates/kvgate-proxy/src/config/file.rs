@@ -55,6 +55,10 @@ pub struct FileConfig {
     /// Sharing in-flight load with other kvgate replicas (absent: off; read at startup).
     #[serde(default)]
     pub replica_sync: Option<ReplicaSyncSpec>,
+    /// Show clients kvgate's internals: the `x-kvgate-endpoint` response header and engine
+    /// addresses and OS errors in error bodies (default false: they are only logged).
+    #[serde(default)]
+    pub expose_internals: bool,
 }
 
 /// `replica_sync:`: router replicas in front of one fleet tell each other what they
@@ -248,8 +252,12 @@ pub struct TokenizerSpec {
 pub struct TokenizePool {
     /// Threads tokenizing off the async runtime.
     pub pool_threads: usize,
-    /// Requests that may wait for a thread; beyond that a request gets 503.
+    /// Requests that may wait for a thread; beyond that a request is routed without tokens
+    /// (on load; counted in `kvgate_tokenize_queue_rejected_total`).
     pub queue_limit: usize,
+    /// Milliseconds a request's tokenization may wait for a thread before the request is
+    /// routed without tokens (default 100; 0 = no bound).
+    pub max_queue_wait_ms: u64,
     /// Bound of the segment cache, in tokens.
     pub prefix_cache_max_tokens: u64,
     /// Precise routing with a local tokenizer tokenizes only the prompt prefix the KV index
@@ -263,6 +271,7 @@ impl Default for TokenizePool {
         Self {
             pool_threads: d.pool_threads,
             queue_limit: d.queue_limit,
+            max_queue_wait_ms: d.max_queue_wait_ms,
             prefix_cache_max_tokens: d.prefix_cache_max_tokens,
             prefix_only: true,
         }

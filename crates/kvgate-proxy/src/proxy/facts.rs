@@ -87,6 +87,14 @@ pub(crate) fn prefix_facts(facts: RequestFacts, session: &PrefixSession) -> (Req
     (facts, if complete { 0 } else { skipped })
 }
 
+/// The request's facts without tokens: the tokenizer pool is full or fell behind its
+/// queue-wait bound, so the request is routed on load at once (the pool counted it in
+/// `kvgate_tokenize_queue_rejected_total` or `kvgate_tokenize_queue_abandoned_total`).
+fn shed(facts: RequestFacts, why: &TokenizeError) -> RequestFacts {
+    tracing::debug!(request_id = %facts.request_id, reason = %why, "routing without prompt tokens: tokenizer busy");
+    facts
+}
+
 /// The block-key spans of a prompt's multimodal items (render backend): each item's hash is
 /// the identifier vLLM folds into the keys of the blocks its placeholders overlap (and
 /// publishes in those blocks' `extra_keys`).
@@ -202,8 +210,8 @@ impl Proxy {
                     return Ok((facts, pending));
                 }
                 Ok(None) => {}
-                Err(TokenizeError::QueueFull) => {
-                    return Err(ProxyError::Overloaded("tokenizer queue full"));
+                Err(e @ (TokenizeError::QueueFull | TokenizeError::Busy)) => {
+                    return Ok((shed(facts, &e), None));
                 }
                 Err(e) => tracing::debug!(error = %e, "prefix tokenization failed"),
             }
@@ -220,7 +228,9 @@ impl Proxy {
                     .unwrap_or_default();
                 Ok((facts.with_tokens(ids, exact, mm), None))
             }
-            Err(TokenizeError::QueueFull) => Err(ProxyError::Overloaded("tokenizer queue full")),
+            Err(e @ (TokenizeError::QueueFull | TokenizeError::Busy)) => {
+                Ok((shed(facts, &e), None))
+            }
             // Every fallback was logged and counted by the chain; route on load alone.
             Err(e) => {
                 tracing::debug!(error = %e, "routing without prompt tokens");

@@ -1,7 +1,10 @@
-//! The HTTP front door: one client request in, one response out. Reads the body within
-//! `max_body_bytes`, hands the bytes to the pipeline, then sends to each pick until an engine
-//! answers with headers (a connect failure or a reset before any response byte moves on to
-//! the next pick, up to `retries` times), and passes the answer to the response path.
+//! The HTTP front door: one client request in, one response out. Looks the path up in the
+//! path table (`routes`): kvgate answers `/health`, `/ready` and `/v1/models[/{id}]` itself
+//! and refuses unknown paths, wrong methods and non-JSON bodies. For the rest it reads the
+//! body within `max_body_bytes`, hands the bytes to the pipeline, then sends to each pick
+//! until an engine answers with headers (a connect failure or a reset before any response
+//! byte moves on to the next pick, up to `retries` times), and passes the answer to the
+//! response path.
 
 use std::{sync::Arc, time::Instant};
 
@@ -18,10 +21,11 @@ use super::{
     pipeline::{Pick, Routed},
     request_id::request_id,
     respond::{json_response, upstream_headers},
+    routes::{self, Refusal, Route},
 };
 use crate::{
     body::{ProxyBody, RequestGuard, full},
-    error::ProxyError,
+    error::{Origin, ProxyError},
     metrics::{ApiLabels, EndpointLabels, ErrorLabels},
 };
 
@@ -43,48 +47,90 @@ impl Proxy {
     /// Serves one client request. Never fails: errors become OpenAI-shaped JSON responses.
     pub async fn handle(self: Arc<Self>, req: http::Request<Incoming>) -> Response<ProxyBody> {
         let request_id = request_id(req.headers());
-        let api = Api::from_path(req.uri().path());
-        let span = tracing::info_span!("request", request_id = %request_id, api = api.label());
-        let mut guard = RequestGuard::new(self.metrics.clone(), api, request_id.clone());
-        let mut resp = async {
-            let result = if req.method() == Method::GET && req.uri().path() == "/v1/models" {
-                let body = self.model_list().await;
-                guard.set_outcome(200, None);
-                guard.complete();
-                Ok(json_response(StatusCode::OK, body))
-            } else {
-                self.forward(req, api, &request_id, guard).await
-            };
-            result.unwrap_or_else(|(e, mut guard)| {
-                tracing::debug!(error = %e, reason = e.reason(), "request rejected");
-                self.metrics
-                    .errors
-                    .get_or_create(&ErrorLabels { reason: e.reason() })
-                    .inc();
-                guard.set_outcome(e.status().as_u16(), None);
-                guard.complete();
-                e.to_response().map(full)
-            })
-        }
-        .instrument(span)
-        .await;
+        let route = routes::resolve(req.method(), req.uri().path(), req.headers());
+        let mut resp = match route {
+            Ok(Route::Health) => text_response(StatusCode::OK, "ok\n"),
+            Ok(Route::Ready) if self.is_ready() => text_response(StatusCode::OK, "ready\n"),
+            Ok(Route::Ready) => {
+                text_response(StatusCode::SERVICE_UNAVAILABLE, "no healthy endpoint\n")
+            }
+            route => self.serve(req, route, &request_id).await,
+        };
         if let Ok(v) = HeaderValue::from_str(&request_id) {
             resp.headers_mut().insert(REQUEST_ID, v);
         }
         resp
     }
 
+    /// A request that is counted: kvgate's model list, a forwarded request or a refusal.
+    async fn serve(
+        &self,
+        req: http::Request<Incoming>,
+        route: Result<Route, Refusal>,
+        request_id: &Arc<str>,
+    ) -> Response<ProxyBody> {
+        let api = route.as_ref().map_or(Api::Passthrough, Route::api);
+        let span = tracing::info_span!("request", request_id = ?request_id, api = api.label());
+        let mut guard = RequestGuard::new(self.metrics.clone(), api, request_id.clone());
+        async {
+            let result = match route {
+                Ok(Route::Models) => {
+                    let body = self.model_list().await;
+                    Ok(self.answer(&mut guard, body))
+                }
+                Ok(Route::Model(id)) => match self.model_object(&id).await {
+                    Some(body) => Ok(self.answer(&mut guard, body)),
+                    None => Err((ProxyError::ModelNotServed(id), guard)),
+                },
+                Ok(route) => self.forward(req, &route, request_id, guard).await,
+                Err(refusal) => Err((refused(&req, refusal), guard)),
+            };
+            result.unwrap_or_else(|(e, guard)| self.reject(&e, guard))
+        }
+        .instrument(span)
+        .await
+    }
+
+    /// kvgate's own `200` JSON answer.
+    fn answer(&self, guard: &mut RequestGuard, body: Bytes) -> Response<ProxyBody> {
+        guard.set_outcome(200, None);
+        guard.complete();
+        json_response(StatusCode::OK, body)
+    }
+
+    /// The error response, logged (with everything the client body may leave out) and
+    /// counted. Client strings in the message are quoted in the log line.
+    fn reject(&self, e: &ProxyError, mut guard: RequestGuard) -> Response<ProxyBody> {
+        let error = e.to_string();
+        match e.origin() {
+            Origin::Client => {
+                tracing::debug!(error = ?error, reason = e.reason(), "request rejected");
+            }
+            Origin::Engine | Origin::Internal => {
+                tracing::warn!(error = ?error, reason = e.reason(), "request failed");
+            }
+        }
+        self.metrics
+            .errors
+            .get_or_create(&ErrorLabels { reason: e.reason() })
+            .inc();
+        guard.set_outcome(e.status().as_u16(), None);
+        guard.complete();
+        e.to_response_for(self.config.expose_internals).map(full)
+    }
+
     /// Reads the body, runs the pipeline and forwards; the guard moves into the response body.
     async fn forward(
         &self,
         req: http::Request<Incoming>,
-        api: Api,
+        route: &Route,
         request_id: &str,
         guard: RequestGuard,
     ) -> Result<Response<ProxyBody>, (ProxyError, RequestGuard)> {
+        let api = route.api();
         let (parts, body) = req.into_parts();
         let routed = match self.read_body(&parts.headers, body).await {
-            Ok(bytes) => self.route(api, bytes, &parts.headers, request_id).await,
+            Ok(bytes) => self.route(route, bytes, &parts.headers, request_id).await,
             Err(e) => Err(e),
         };
         let mut routed = match routed {
@@ -222,6 +268,31 @@ impl Proxy {
     }
 }
 
+/// The error for a request the path table refuses.
+fn refused(req: &http::Request<Incoming>, refusal: Refusal) -> ProxyError {
+    let (method, path) = (req.method().to_string(), req.uri().path().to_owned());
+    match refusal {
+        Refusal::NotFound => ProxyError::NotFound { method, path },
+        Refusal::MethodNotAllowed(allow) => ProxyError::MethodNotAllowed {
+            method,
+            path,
+            allow,
+        },
+        Refusal::UnsupportedMediaType(sent) => ProxyError::UnsupportedMediaType(sent),
+    }
+}
+
+/// A plain-text answer (`/health` and `/ready`, as on the admin port).
+fn text_response(status: StatusCode, body: &'static str) -> Response<ProxyBody> {
+    let mut resp = Response::new(full(body));
+    *resp.status_mut() = status;
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    resp
+}
+
 /// The request for `ep`: the endpoint's URL prefix before `path`, `host` set to the
 /// endpoint, `content-length` to the body's.
 ///
@@ -257,7 +328,6 @@ mod tests {
     use kvgate_kvcache::{EndpointKey, EndpointSpec, IndexConfig, KvIndex, KvMetrics};
 
     use super::*;
-    use crate::error::Origin;
 
     fn endpoint(url: &str) -> EndpointState {
         let index = KvIndex::new(IndexConfig::default(), KvMetrics::unregistered());

@@ -1,6 +1,8 @@
 //! The request pipeline every front door shares, from the exact request bytes and headers to
 //! an endpoint: [`Request::parse`] → model resolution (aliases, the served check) →
 //! [`Request::seal`] → [`RequestFacts`] (tokenize, see `facts`) → the scheduler → a [`Pick`].
+//! Engine APIs routed by model (`/tokenize`, `/v1/score`, …) take the same path without
+//! tokenization: one [`Request`] owns their bytes too, and an alias splice is the only edit.
 //!
 //! Nothing here reads a hyper body or talks to an engine: the HTTP front door (`forward`)
 //! reads the body within its limit, calls [`Proxy::route`], and sends to each pick in turn.
@@ -11,12 +13,12 @@ use std::{sync::Arc, time::Instant};
 
 use bytes::Bytes;
 use http::HeaderMap;
-use kvgate_request::{Api, Request, SealedRequest};
+use kvgate_request::{Api, ParseError, Request, SealedRequest};
 use kvgate_schedule::{
     CycleState, EndpointState, InFlightGuard, RequestFacts, ScheduleError, Scheduler,
 };
 
-use super::{Proxy, facts::PendingPrefix};
+use super::{Proxy, facts::PendingPrefix, routes::Route};
 use crate::{decision_log::LogEntry, error::ProxyError};
 
 /// A request ready to be scheduled: its sealed bytes, what the scheduler knows about it, and
@@ -67,17 +69,27 @@ impl Proxy {
     ///
     /// # Errors
     /// [`ProxyError::Parse`] for a body that is not a valid request for `api`,
-    /// [`ProxyError::Overloaded`] when the tokenizer queue is full, and
+    /// (a full or lagging tokenizer queue routes on load instead of failing), and
     /// [`ProxyError::ModelNotServed`] when every endpoint lists its models and none has it.
+    ///
+    /// A [`Route::ByModel`] request is sealed without tokenizing; see
+    /// [`Proxy::seal_by_model`] and [`Proxy::by_model_facts`].
     pub(crate) async fn route(
         &self,
-        api: Api,
+        route: &Route,
         body: Bytes,
         headers: &HeaderMap,
         request_id: &str,
     ) -> Result<Routed, ProxyError> {
-        let sealed = self.seal(api, body, request_id)?;
-        let (facts, pending) = self.request_facts(&sealed, headers).await?;
+        let (sealed, facts, pending) = if *route == Route::ByModel {
+            let (sealed, parse_error) = self.seal_by_model(body, request_id)?;
+            let facts = self.by_model_facts(&sealed, parse_error, headers)?;
+            (sealed, facts, None)
+        } else {
+            let sealed = self.seal(Request::parse(route.api(), body)?, request_id);
+            let (facts, pending) = self.request_facts(&sealed, headers).await?;
+            (sealed, facts, pending)
+        };
         self.check_served(&sealed)?;
         Ok(Routed {
             sealed,
@@ -88,9 +100,77 @@ impl Proxy {
         })
     }
 
-    /// Parses `body` and splices the canonical model name in place of an alias.
-    fn seal(&self, api: Api, body: Bytes, request_id: &str) -> Result<SealedRequest, ProxyError> {
-        let mut request = Request::parse(api, body)?;
+    /// An engine API body that may name a `model` (`/tokenize`, `/v1/score`, …): read as an
+    /// inference body (the whole JSON validated, the top-level `model` located so an alias
+    /// can be spliced) but not tokenized. A body kvgate cannot read that way (no `model`,
+    /// which vLLM's APIs allow, or not JSON at all) is kept unparsed, for the engine to
+    /// answer; the parse error comes back with it.
+    ///
+    /// # Errors
+    /// None in practice: an unparsed (passthrough) body always parses.
+    fn seal_by_model(
+        &self,
+        body: Bytes,
+        request_id: &str,
+    ) -> Result<(SealedRequest, Option<ParseError>), ProxyError> {
+        // `Embeddings` is the parse mode that reads the fewest keys; the request is never
+        // tokenized (`by_model_facts` does not call the tokenizer).
+        let (request, error) = match Request::parse(Api::Embeddings, body.clone()) {
+            Ok(request) => (request, None),
+            Err(e) => (Request::parse(Api::Passthrough, body)?, Some(e)),
+        };
+        Ok((self.seal(request, request_id), error))
+    }
+
+    /// What the scheduler knows about a [`Route::ByModel`] request: model, LoRA adapter and
+    /// session, no tokens (it is scheduled on load). A body without a readable `model` is
+    /// scheduled for the one model the endpoints serve, which the engine then answers with.
+    ///
+    /// # Errors
+    /// Without a `model` when the endpoints serve several: the body's parse error, or
+    /// [`ParseError::MissingModel`].
+    fn by_model_facts(
+        &self,
+        sealed: &SealedRequest,
+        parse_error: Option<ParseError>,
+        headers: &HeaderMap,
+    ) -> Result<RequestFacts, ProxyError> {
+        let mut facts = RequestFacts::from_request(sealed, headers);
+        match sealed.model() {
+            Some(model) => {
+                if self.lora_parent(model).is_some() {
+                    facts = facts.with_lora_adapter(model);
+                }
+            }
+            None => match self.only_model() {
+                Ok(Some(only)) => facts.model = only,
+                Ok(None) => {}
+                Err(()) => return Err(parse_error.unwrap_or(ParseError::MissingModel).into()),
+            },
+        }
+        Ok(facts)
+    }
+
+    /// The one base model the endpoints serve, once their model lists are known (`None`
+    /// before). Ignores LoRA adapters. `Err` when they serve several.
+    fn only_model(&self) -> Result<Option<String>, ()> {
+        let mut models: Vec<String> = Vec::new();
+        for ep in self.registry.endpoints().iter() {
+            for m in ep.served_models().iter().flat_map(|s| s.iter()) {
+                if m.parent.is_none() && !models.contains(&m.id) {
+                    models.push(m.id.clone());
+                }
+            }
+        }
+        match models.len() {
+            0 => Ok(None),
+            1 => Ok(models.pop()),
+            _ => Err(()),
+        }
+    }
+
+    /// Splices the canonical model name in place of an alias and seals the request.
+    fn seal(&self, mut request: Request, request_id: &str) -> SealedRequest {
         if let Some(canonical) = request.model().and_then(|m| self.config.aliases.get(m)) {
             let canonical = canonical.clone();
             request.set_model(&canonical);
@@ -102,7 +182,7 @@ impl Proxy {
             body_bytes = sealed.body().len(),
             "request sealed"
         );
-        Ok(sealed)
+        sealed
     }
 
     /// A model no endpoint serves is a 404, once every endpoint's model list is known.

@@ -1,5 +1,9 @@
 //! The id a request carries through logs, the decision log and the engine: the client's
 //! [`REQUEST_ID`] header when it is usable, else a fresh UUIDv4 as 32 lowercase hex digits.
+//!
+//! Usable means it cannot forge a log line: no spaces, quotes, backslashes or control
+//! characters, so `x-request-id: abc status=500` cannot add a field to a `key=value` log line
+//! anywhere it is printed (kvgate's own log lines quote it as well).
 
 use std::sync::Arc;
 
@@ -10,17 +14,23 @@ use super::REQUEST_ID;
 /// Longest client-sent request id kept; a longer one is replaced.
 const MAX_CLIENT_ID: usize = 128;
 
-/// The client's `x-request-id` when it is 1 to [`MAX_CLIENT_ID`] bytes of visible ASCII
-/// (what [`http::HeaderValue::to_str`] accepts), else a generated one.
+/// The client's `x-request-id` when it is 1 to [`MAX_CLIENT_ID`] bytes of printable ASCII
+/// other than `"` and `\` (no space), else a generated one.
 pub(crate) fn request_id(headers: &HeaderMap) -> Arc<str> {
     headers
         .get(REQUEST_ID)
         .and_then(|v| v.to_str().ok())
-        .filter(|v| !v.is_empty() && v.len() <= MAX_CLIENT_ID)
+        .filter(|v| !v.is_empty() && v.len() <= MAX_CLIENT_ID && v.bytes().all(log_safe))
         .map_or_else(
             || uuid::Uuid::new_v4().simple().to_string().into(),
             Into::into,
         )
+}
+
+/// A byte that cannot end a log field or start another: printable ASCII, no quote or
+/// backslash.
+fn log_safe(b: u8) -> bool {
+    b.is_ascii_graphic() && b != b'"' && b != b'\\'
 }
 
 #[cfg(test)]
@@ -37,7 +47,7 @@ mod tests {
     fn client_ids_are_kept_when_usable() {
         let max = "r".repeat(MAX_CLIENT_ID);
         let over = "r".repeat(MAX_CLIENT_ID + 1);
-        let cases: [(&str, Option<HeaderValue>, Option<&str>); 6] = [
+        let cases: [(&str, Option<HeaderValue>, Option<&str>); 10] = [
             ("no header", None, None),
             (
                 "client id",
@@ -59,6 +69,22 @@ mod tests {
                 "not visible ASCII",
                 Some(HeaderValue::from_bytes(b"caf\xc3\xa9").unwrap()),
                 None,
+            ),
+            (
+                "a forged log field",
+                Some(HeaderValue::from_static("abc status=500")),
+                None,
+            ),
+            ("a tab", Some(HeaderValue::from_static("abc\tx=1")), None),
+            (
+                "a quote",
+                Some(HeaderValue::from_static("abc\" status=\"500")),
+                None,
+            ),
+            (
+                "punctuation kept",
+                Some(HeaderValue::from_static("trace-1:span_2/3+4=5.6@7")),
+                Some("trace-1:span_2/3+4=5.6@7"),
             ),
         ];
         for (name, value, want) in cases {

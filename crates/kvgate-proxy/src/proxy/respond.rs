@@ -55,7 +55,11 @@ impl Proxy {
         strip_hop_by_hop(&mut parts.headers);
         // kvgate frames the body itself (chunked or content-length, h1 or h2).
         parts.headers.remove(header::TRANSFER_ENCODING);
-        if let Ok(v) = HeaderValue::from_str(ep.name()) {
+        // An engine's own copy never reaches the client; kvgate's only with the flag.
+        parts.headers.remove(SERVED_BY);
+        if self.config.expose_internals
+            && let Ok(v) = HeaderValue::from_str(ep.name())
+        {
             parts.headers.insert(SERVED_BY, v);
         }
         if let Some(v) = scores.and_then(|s| HeaderValue::from_str(&s).ok()) {
@@ -189,11 +193,41 @@ pub(super) fn json_response(status: StatusCode, body: Bytes) -> Response<ProxyBo
     resp
 }
 
-/// The client's headers minus hop-by-hop ones, `host` and `content-length` (set per attempt),
-/// with the request id.
+/// Request headers that steer routing or a disaggregation sidecar behind the engine (llm-d's
+/// P/D sidecar acts on `x-prefiller-host-port`, for one). Only kvgate's own decision may set
+/// them, so a client's are dropped; see [`is_routing_header`] for the prefixes.
+const ROUTING_HEADERS: [&str; 5] = [
+    "x-prefiller-host-port",
+    "x-prefiller-url",
+    "x-encoder-hosts-ports",
+    "x-kv-cache-source-host-port",
+    "x-data-parallel-host-port",
+];
+
+/// Prefixes of routing headers: the gateway's (`x-gateway-destination-endpoint` and its
+/// kin), kvgate's own and the decode side of a P/D pair.
+const ROUTING_PREFIXES: [&str; 3] = ["x-gateway-", "x-kvgate-", "x-decoder-"];
+
+/// Whether a client must not send `name` (lowercase, as [`http::HeaderName`] stores it) to an
+/// engine.
+pub(super) fn is_routing_header(name: &str) -> bool {
+    ROUTING_HEADERS.contains(&name) || ROUTING_PREFIXES.iter().any(|p| name.starts_with(p))
+}
+
+/// The client's headers minus hop-by-hop ones, routing headers ([`is_routing_header`]),
+/// `host` and `content-length` (set per attempt), with the request id. The scheduler's own
+/// headers (e.g. `x-prefiller-host-port`) are added after this, per pick.
 pub(super) fn upstream_headers(client: &HeaderMap, request_id: &str) -> HeaderMap {
     let mut headers = client.clone();
     strip_hop_by_hop(&mut headers);
+    let routing: Vec<http::HeaderName> = headers
+        .keys()
+        .filter(|name| is_routing_header(name.as_str()))
+        .cloned()
+        .collect();
+    for name in routing {
+        headers.remove(name);
+    }
     headers.remove(header::HOST);
     headers.remove(header::CONTENT_LENGTH);
     headers.remove(header::TRANSFER_ENCODING);

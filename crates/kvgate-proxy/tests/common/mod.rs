@@ -48,6 +48,8 @@ pub(crate) async fn start_proxy(yaml: &str) -> RunningProxy {
     let mut config = ProxyConfig {
         models_refresh: Some(Duration::from_secs(1)),
         scores_header: true,
+        // `chat` reads `x-kvgate-endpoint`.
+        expose_internals: true,
         ..ProxyConfig::default()
     };
     config.merge_file(&file).unwrap();

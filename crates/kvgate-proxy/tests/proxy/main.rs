@@ -15,6 +15,7 @@ use kvgate_schedule::RegistryError;
 use tokio::sync::mpsc::error::TryRecvError;
 
 mod faults;
+mod hygiene;
 mod streams;
 mod surface;
 
@@ -27,6 +28,8 @@ fn config(urls: &[String]) -> ProxyConfig {
             .map(|u| EndpointConfig::new(u.clone()))
             .collect(),
         models_refresh: None,
+        // The tests read `x-kvgate-endpoint`; `hygiene` checks the default (off).
+        expose_internals: true,
         ..ProxyConfig::default()
     };
     c.add_alias("qwen", CANONICAL).unwrap();
