@@ -95,16 +95,7 @@ fn walk_equals_naive_on_random_indexes() {
         let ix = KvIndex::with_clock(cfg, KvMetrics::unregistered(), Arc::new(clock.clone()));
         let n_eps = 1 + rng.below(40) as usize;
         let n_blocks = 1 + rng.below(64) as usize;
-        let eps: Vec<EndpointId> = (0..n_eps)
-            .map(|i| {
-                ix.register_endpoint(EndpointSpec {
-                    key: EndpointKey::new(format!("e{i}"), 0),
-                    model: "m".into(),
-                    block_size: 4,
-                    capacity_blocks: None,
-                })
-            })
-            .collect();
+        let eps = register(&ix, n_eps);
         let toks: Vec<u32> = (0..4 * n_blocks as u32)
             .map(|t| t + round * 1_000)
             .collect();
@@ -243,16 +234,7 @@ fn long_staircase_equals_naive() {
         KvMetrics::unregistered(),
         Arc::new(ManualClock::new(10_000)),
     );
-    let eps: Vec<EndpointId> = (0..300)
-        .map(|i| {
-            ix.register_endpoint(EndpointSpec {
-                key: EndpointKey::new(format!("e{i}"), 0),
-                model: "m".into(),
-                block_size: 4,
-                capacity_blocks: None,
-            })
-        })
-        .collect();
+    let eps = register(&ix, 300);
     let toks: Vec<u32> = (0..4 * 128).collect();
     let keys = block_keys(
         &toks,
@@ -282,4 +264,18 @@ fn long_staircase_equals_naive() {
     let got = walk(&ix, &keys, &cands);
     assert!(got.len() > 200);
     assert_eq!(got, naive(&ix, &keys, &cands));
+}
+
+/// Registers endpoints `e0`…`e{n-1}` of model `m`, block size 4.
+fn register(ix: &KvIndex, n: usize) -> Vec<EndpointId> {
+    (0..n)
+        .map(|i| {
+            ix.register_endpoint(EndpointSpec {
+                key: EndpointKey::new(format!("e{i}"), 0),
+                model: "m".into(),
+                block_size: 4,
+                capacity_blocks: None,
+            })
+        })
+        .collect()
 }
