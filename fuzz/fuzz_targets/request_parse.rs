@@ -90,12 +90,11 @@ fuzz_target!(|data: &[u8]| {
         assert_eq!(req.body(), &body, "passthrough bodies are never spliced");
         return;
     }
-    if std::str::from_utf8(&body).is_err() {
-        // KNOWN (fuzz finding 1, see fuzz/README.md): `Request::parse` accepts invalid UTF-8
-        // inside strings it does not read (serde_json skips them unvalidated), which
-        // serde_json::Value rejects. Tighten to a panic once the probe validates UTF-8.
-        return;
-    }
+    // Fuzz finding 1 (fuzz/README.md), fixed: the probe rejects invalid UTF-8 anywhere.
+    assert!(
+        std::str::from_utf8(&body).is_ok(),
+        "Request::parse accepted a body that is not UTF-8"
+    );
     if json
         .as_ref()
         .is_err_and(|e| e.to_string().starts_with("number out of range"))

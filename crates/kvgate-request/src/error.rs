@@ -109,6 +109,19 @@ pub(crate) fn invalid_json(body: &[u8], err: &serde_json::Error) -> ParseError {
     }
 }
 
+/// [`ParseError::InvalidJson`] for a body whose bytes are not UTF-8 from `offset` on (JSON
+/// text is UTF-8; serde_json does not check the values it skips).
+pub(crate) fn invalid_utf8(body: &[u8], offset: usize) -> ParseError {
+    let before = &body[..offset.min(body.len())];
+    let line_start = memchr::memrchr(b'\n', before).map_or(0, |i| i + 1);
+    ParseError::InvalidJson {
+        line: memchr::memchr_iter(b'\n', before).count() + 1,
+        column: before.len() - line_start + 1,
+        offset,
+        reason: "invalid UTF-8".to_owned(),
+    }
+}
+
 fn byte_offset(body: &[u8], line: usize, column: usize) -> usize {
     let mut start = 0;
     for _ in 1..line {

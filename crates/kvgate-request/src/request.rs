@@ -6,7 +6,10 @@ use bytes::Bytes;
 use serde::de::{self, DeserializeSeed, IgnoredAny, MapAccess, Visitor};
 use serde_json::value::RawValue;
 
-use crate::{Api, ParseError, error::invalid_json};
+use crate::{
+    Api, ParseError,
+    error::{invalid_json, invalid_utf8},
+};
 
 /// A top-level body key that kvgate reads. Everything else is forwarded without being read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -309,6 +312,11 @@ impl SealedRequest {
 
 /// Validates `body` as one JSON object and records the byte range of each [`Field`] value.
 fn probe(body: &[u8]) -> Result<Spans, ParseError> {
+    // serde_json skips the values of keys kvgate does not read without checking their UTF-8,
+    // so a body with invalid bytes there would pass as JSON and reach the engine.
+    if let Err(e) = std::str::from_utf8(body) {
+        return Err(invalid_utf8(body, e.valid_up_to()));
+    }
     let first = body.iter().find(|b| !b.is_ascii_whitespace());
     if first.is_some_and(|&b| b != b'{') {
         // Let the parser report syntax errors first (e.g. `]` alone); valid JSON of another

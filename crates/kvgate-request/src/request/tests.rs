@@ -180,3 +180,50 @@ fn wrong_types_are_rejected_per_field() {
         }
     }
 }
+
+/// Invalid UTF-8 is invalid JSON wherever it sits, also in values kvgate does not read (found
+/// by the `request_parse` fuzz target: serde_json skips those without checking them).
+#[test]
+fn invalid_utf8_anywhere_is_invalid_json() {
+    let rows: [(&str, &[u8], usize, usize, usize); 3] = [
+        (
+            "in a value no one reads",
+            b"{\"model\":\"m\",\"x\":\"\xff\"}",
+            1,
+            19,
+            18,
+        ),
+        (
+            "in a nested key",
+            b"{\"model\":\"m\",\"o\":{\"\xc3\":1}}",
+            1,
+            20,
+            19,
+        ),
+        (
+            "on a later line",
+            b"{\"model\":\"m\",\n \"x\":\"a\xe2\x82\"}",
+            2,
+            8,
+            21,
+        ),
+    ];
+    for (name, body, line, column, offset) in rows {
+        let got = Request::parse(Api::ChatCompletions, Bytes::copy_from_slice(body));
+        assert_eq!(
+            got.err(),
+            Some(ParseError::InvalidJson {
+                line,
+                column,
+                offset,
+                reason: "invalid UTF-8".to_owned()
+            }),
+            "{name}"
+        );
+    }
+    let valid = "{\"model\":\"m\",\"x\":\"é ✓\"}";
+    assert!(
+        Request::parse(Api::ChatCompletions, Bytes::from(valid)).is_ok(),
+        "valid UTF-8 passes"
+    );
+}
