@@ -69,9 +69,6 @@ pub enum ProxyError {
     /// No endpoint serves the requested model.
     #[error("model `{0}` is not served by any endpoint")]
     ModelNotServed(String),
-    /// A bounded queue inside kvgate is full (e.g. the tokenizer queue).
-    #[error("kvgate is overloaded: {0}")]
-    Overloaded(&'static str),
     /// Every endpoint that could serve the request is ejected or failed.
     #[error("no healthy endpoint{}", detail.as_deref().map(|d| format!(": {d}")).unwrap_or_default())]
     NoHealthyEndpoint {
@@ -115,9 +112,7 @@ impl ProxyError {
             ProxyError::ModelNotServed(_) | ProxyError::NotFound { .. } => StatusCode::NOT_FOUND,
             ProxyError::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
             ProxyError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            ProxyError::NoHealthyEndpoint { .. } | ProxyError::Overloaded(_) => {
-                StatusCode::SERVICE_UNAVAILABLE
-            }
+            ProxyError::NoHealthyEndpoint { .. } => StatusCode::SERVICE_UNAVAILABLE,
             ProxyError::UpstreamUnavailable { .. } | ProxyError::UpstreamBody { .. } => {
                 StatusCode::BAD_GATEWAY
             }
@@ -136,9 +131,9 @@ impl ProxyError {
             | ProxyError::NotFound { .. }
             | ProxyError::MethodNotAllowed { .. }
             | ProxyError::UnsupportedMediaType(_) => Origin::Client,
-            ProxyError::NoHealthyEndpoint { .. }
-            | ProxyError::Overloaded(_)
-            | ProxyError::UpstreamUri { .. } => Origin::Internal,
+            ProxyError::NoHealthyEndpoint { .. } | ProxyError::UpstreamUri { .. } => {
+                Origin::Internal
+            }
             ProxyError::UpstreamUnavailable { .. }
             | ProxyError::UpstreamTimeout { .. }
             | ProxyError::UpstreamBody { .. } => Origin::Engine,
@@ -156,7 +151,6 @@ impl ProxyError {
             ProxyError::MethodNotAllowed { .. } => "method_not_allowed",
             ProxyError::UnsupportedMediaType(_) => "unsupported_media_type",
             ProxyError::NoHealthyEndpoint { .. } => "no_healthy_endpoint",
-            ProxyError::Overloaded(_) => "overloaded",
             ProxyError::UpstreamUnavailable { .. } => "upstream_unavailable",
             ProxyError::UpstreamTimeout { .. } => "upstream_timeout",
             ProxyError::UpstreamBody { .. } => "upstream_body_error",
