@@ -204,6 +204,24 @@ impl EndpointLoad {
             .count()
     }
 
+    /// Requests in flight that pin the first `shared` blocks of `keys` but not its last one:
+    /// other sequences that share that prefix (identical prompts, e.g. siblings of one
+    /// sampling burst, are the same sequence and not counted). 0 when the active KV is keyed
+    /// with another block size.
+    fn sharers(&self, keys: &BlockKeys, shared: usize) -> u64 {
+        if shared == 0
+            || shared > keys.keys.len()
+            || self.active_block_size.load(Ordering::Relaxed) != u64::from(keys.block_size)
+        {
+            return 0;
+        }
+        let map = self.active.lock().unwrap_or_else(PoisonError::into_inner);
+        let count = |i: usize| keys.keys.get(i).and_then(|k| map.get(&k.0)).copied();
+        let prefix = count(shared - 1).unwrap_or(0);
+        let whole = count(keys.keys.len() - 1).unwrap_or(0);
+        u64::from(prefix.saturating_sub(whole))
+    }
+
     fn unpin(&self, keys: &BlockKeys) {
         let mut map = self.active.lock().unwrap_or_else(PoisonError::into_inner);
         for k in &keys.keys {
@@ -332,6 +350,12 @@ impl EndpointState {
     /// active KV is keyed with another block size).
     pub fn pinned_blocks(&self, keys: &BlockKeys, blocks: usize) -> usize {
         self.load.pinned(keys, blocks)
+    }
+
+    /// How many requests in flight here share the first `shared` blocks of `keys` without
+    /// being the same prompt (they pin that prefix's last block, not `keys`' last block).
+    pub fn prefix_sharers(&self, keys: &BlockKeys, shared: usize) -> u64 {
+        self.load.sharers(keys, shared)
     }
 }
 

@@ -34,6 +34,16 @@
 //!   running requests finish (vLLM queues it), and meanwhile the blocks it would hit are the
 //!   evictable ones that other admissions take: a predicted hit there is neither soon nor sure.
 //!   Among candidates that all overflow, the overflow term orders them.
+//! - with `demand_spread` (the default), a holder where the request fits but where as many
+//!   other requests in flight share its predicted prefix as an even share of the fleet's
+//!   in-flight requests plus `demand_slack` ranks after every candidate where it fits and that
+//!   is not so. Those sharers are other sequences with the same prefix (other sessions of one
+//!   group: agents over one tool list), not copies of the same prompt (a sampling burst): each
+//!   brings its own prefill, every turn, to the one engine holding the prefix, and there they
+//!   queue behind each other while other engines idle. Copying the prefix to a second engine
+//!   while the sessions are new costs one cold prefill, in parallel with the holder's work; a
+//!   session moved later pays for its whole history. A follow-up whose predicted hit is its own
+//!   history (no request in flight shares it) is never held back.
 //!
 //! The KV terms matter where prefill time alone misleads. A burst sibling of a request still
 //! prefilling costs `Q + 1` there and about `N` on an idle engine: prefill time calls that
@@ -61,6 +71,10 @@
 //!   (no term while the capacity was never scraped).
 //! - `in_flight_multiplier` (default false): multiply the cost by `R_w + 1`.
 //! - `scraped_queue` (default true): add queued work other routers sent, from `/metrics`.
+//! - `fits_first` (default true): rank candidates where the request does not fit last.
+//! - `demand_spread` (default true) and `demand_slack` (default 1): rank a holder whose
+//!   predicted prefix already serves `ceil(fleet in-flight / candidates) + demand_slack` other
+//!   sequences in flight after the candidates where the request fits and that is not so.
 //!
 //! Signals: the router's load counters ([`crate::LoadSnapshot`]), always present; scraped
 //! `waiting` and `running` when fresh; the scraped KV capacity (`vllm:cache_config_info`).
@@ -103,6 +117,12 @@ pub struct PrefillCostScorerConfig {
     pub scraped_queue: bool,
     /// Rank candidates where the request's KV does not fit after every one where it does.
     pub fits_first: bool,
+    /// Rank a holder whose predicted prefix serves more than its share of other sequences in
+    /// flight after the candidates where that is not so (and the request fits).
+    pub demand_spread: bool,
+    /// Sharers beyond an even share of the fleet's in-flight requests a holder may serve
+    /// before `demand_spread` ranks it later.
+    pub demand_slack: u32,
 }
 
 impl Default for PrefillCostScorerConfig {
@@ -114,6 +134,8 @@ impl Default for PrefillCostScorerConfig {
             in_flight_multiplier: false,
             scraped_queue: true,
             fits_first: true,
+            demand_spread: true,
+            demand_slack: 1,
         }
     }
 }
@@ -230,9 +252,10 @@ impl Scorer for PrefillCostScorer {
         let prompt = cycle.facts().prompt_tokens;
         let prefix = cycle.prefix_match();
         let mut ties: Vec<TieKey> = Vec::with_capacity(candidates.len());
-        let mut overflows: Vec<bool> = Vec::with_capacity(candidates.len());
-        for (s, e) in scores.iter_mut().zip(candidates) {
-            let load = e.load();
+        let mut tiers: Vec<Tier> = Vec::with_capacity(candidates.len());
+        let loads: Vec<LoadSnapshot> = candidates.iter().map(|e| e.load()).collect();
+        let share = demand_share(&loads, self.config.demand_slack);
+        for ((s, e), load) in scores.iter_mut().zip(candidates).zip(loads) {
             let (waiting, running) = e.with_metrics(now, |m| {
                 m.fresh().map_or((None, None), |m| (m.waiting, m.running))
             });
@@ -242,15 +265,26 @@ impl Scorer for PrefillCostScorer {
                 Some(m.num_blocks? * u64::from(m.block_size?))
             });
             let cached = prefix.map_or(0, |p| p.predicted_tokens(e.kv_id()));
-            let unpinned_cached = match cycle.computed_block_keys(e.index_block_size()) {
-                Some(keys) if capacity.is_some() && cached > 0 => {
+            let keys = cycle
+                .computed_block_keys(e.index_block_size())
+                .filter(|_| cached > 0);
+            let hit_blocks = keys.as_ref().map_or(0, |keys| {
+                let block = u64::from(keys.block_size.max(1));
+                usize::try_from(cached / block)
+                    .unwrap_or(usize::MAX)
+                    .min(keys.keys.len())
+            });
+            let unpinned_cached = match &keys {
+                Some(keys) if capacity.is_some() => {
                     let block = u64::from(keys.block_size.max(1));
-                    let blocks = usize::try_from(cached / block).unwrap_or(usize::MAX);
-                    let blocks = blocks.min(keys.keys.len());
-                    (blocks - e.pinned_blocks(&keys, blocks)) as u64 * block
+                    (hit_blocks - e.pinned_blocks(keys, hit_blocks)) as u64 * block
                 }
                 _ => 0,
             };
+            let saturated = self.config.demand_spread
+                && keys
+                    .as_ref()
+                    .is_some_and(|keys| e.prefix_sharers(keys, hit_blocks) >= share);
             let input = CostInput {
                 prompt,
                 cached,
@@ -261,12 +295,16 @@ impl Scorer for PrefillCostScorer {
                 unpinned_cached,
             };
             *s = self.cost(&input);
-            overflows.push(input.overflow() > 0.0);
+            tiers.push(if self.config.fits_first && input.overflow() > 0.0 {
+                Tier::Overflows
+            } else if saturated {
+                Tier::Saturated
+            } else {
+                Tier::Fits
+            });
             ties.push((input.uncached(), load.decode_tokens, load.last_pick));
         }
-        if self.config.fits_first {
-            rank_fitting_first(scores, &overflows);
-        }
+        rank_by_tier(scores, &tiers);
         // Costs within one KV block of the cheapest are ties: engines compute and cache in
         // blocks, so a smaller difference says nothing.
         let min = scores.iter().copied().fold(f64::INFINITY, f64::min);
@@ -287,19 +325,41 @@ impl Scorer for PrefillCostScorer {
     }
 }
 
-/// Raises the cost of every candidate flagged in `overflows` by the largest cost among the
-/// others, so that each of them ranks after every candidate that fits (no change when all or
-/// none fit).
-fn rank_fitting_first(costs: &mut [f64], overflows: &[bool]) {
-    let worst_fit = costs
-        .iter()
-        .zip(overflows)
-        .filter(|(_, o)| !**o)
-        .map(|(c, _)| *c)
-        .fold(f64::NEG_INFINITY, f64::max);
-    if worst_fit.is_finite() {
-        for (c, _) in costs.iter_mut().zip(overflows).filter(|(_, o)| **o) {
-            *c += worst_fit;
+/// Where a candidate ranks before its cost is compared: every candidate of a lower tier
+/// ranks before every candidate of a higher one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum Tier {
+    /// The request fits, and the holder is not serving more than its share of the prefix.
+    Fits,
+    /// The request fits, but the holder already serves its share of other sequences with
+    /// the predicted prefix (`demand_spread`).
+    Saturated,
+    /// The request's KV does not fit (`fits_first`).
+    Overflows,
+}
+
+/// The number of other sequences sharing a predicted prefix from which a holder counts as
+/// saturated: an even share of the candidates' in-flight requests (rounded up) plus `slack`.
+fn demand_share(loads: &[LoadSnapshot], slack: u32) -> u64 {
+    let requests: u64 = loads.iter().map(|l| l.requests).sum();
+    let n = loads.len().max(1) as u64;
+    requests.div_ceil(n) + u64::from(slack)
+}
+
+/// Raises each candidate's cost by the largest cost among the candidates of lower tiers (as
+/// raised), so that it ranks after every one of them (no change when all share one tier).
+fn rank_by_tier(costs: &mut [f64], tiers: &[Tier]) {
+    for tier in [Tier::Saturated, Tier::Overflows] {
+        let worst_below = costs
+            .iter()
+            .zip(tiers)
+            .filter(|(_, t)| **t < tier)
+            .map(|(c, _)| *c)
+            .fold(f64::NEG_INFINITY, f64::max);
+        if worst_below.is_finite() {
+            for (c, _) in costs.iter_mut().zip(tiers).filter(|(_, t)| **t == tier) {
+                *c += worst_below;
+            }
         }
     }
 }
@@ -307,9 +367,11 @@ fn rank_fitting_first(costs: &mut [f64], overflows: &[bool]) {
 pub(crate) const REGISTRATION: Registration = Registration {
     type_name: PrefillCostScorer::TYPE,
     description: "prefers the endpoint where the request costs least in tokens: queued + uncached prefill + its KV + KV beyond capacity; endpoints it does not fit rank last",
-    example: "{ new_kv_weight: 1.0, active_kv_weight: 0.0, kv_overflow_weight: 1.0, in_flight_multiplier: false, scraped_queue: true, fits_first: true }",
+    example: "{ new_kv_weight: 1.0, active_kv_weight: 0.0, kv_overflow_weight: 1.0, in_flight_multiplier: false, scraped_queue: true, fits_first: true, demand_spread: true, demand_slack: 1 }",
     build: |p, _| build(p, PrefillCostScorer::new),
 };
 
+#[cfg(test)]
+mod demand_tests;
 #[cfg(test)]
 mod tests;

@@ -15,6 +15,8 @@ fn scorer(in_flight_multiplier: bool, scraped_queue: bool) -> PrefillCostScorer 
         in_flight_multiplier,
         scraped_queue,
         fits_first: false,
+        demand_spread: false,
+        demand_slack: 1,
     })
     .unwrap()
 }
@@ -286,7 +288,7 @@ fn a_burst_sibling_joins_the_engine_computing_its_prefix() {
     assert!(default.cost(&holder) < default.cost(&idle));
 }
 
-fn facts_with_prompt(n: u64) -> RequestFacts {
+pub(super) fn facts_with_prompt(n: u64) -> RequestFacts {
     let mut f = facts().with_tokens((0..n as u32).collect::<Vec<u32>>(), true, vec![]);
     f.prompt_tokens = Some(n);
     f
@@ -470,30 +472,43 @@ fn candidates_where_the_request_does_not_fit_rank_last() {
 }
 
 #[test]
-fn rank_fitting_first_shifts_only_when_some_fit() {
-    type Row = (&'static str, Vec<f64>, Vec<bool>, Vec<f64>);
-    let rows: [Row; 3] = [
+fn rank_by_tier_puts_each_tier_after_the_lower_ones() {
+    use Tier::{Fits, Overflows, Saturated};
+    type Row = (&'static str, Vec<f64>, Vec<Tier>, Vec<f64>);
+    let rows: [Row; 5] = [
         (
             "mixed",
             vec![10.0, 5.0, 30.0],
-            vec![false, true, false],
+            vec![Fits, Overflows, Fits],
             vec![10.0, 35.0, 30.0],
         ),
         (
-            "none overflow",
+            "all fit",
             vec![10.0, 5.0],
-            vec![false, false],
+            vec![Fits, Fits],
             vec![10.0, 5.0],
         ),
         (
             "all overflow",
             vec![10.0, 5.0],
-            vec![true, true],
+            vec![Overflows, Overflows],
             vec![10.0, 5.0],
         ),
+        (
+            "saturated after fits, overflow after both",
+            vec![10.0, 5.0, 1.0],
+            vec![Fits, Saturated, Overflows],
+            vec![10.0, 15.0, 16.0],
+        ),
+        (
+            "no fit: saturated first",
+            vec![10.0, 5.0],
+            vec![Overflows, Saturated],
+            vec![15.0, 5.0],
+        ),
     ];
-    for (name, mut costs, overflows, want) in rows {
-        rank_fitting_first(&mut costs, &overflows);
+    for (name, mut costs, tiers, want) in rows {
+        rank_by_tier(&mut costs, &tiers);
         assert_eq!(costs, want, "{name}");
     }
 }
