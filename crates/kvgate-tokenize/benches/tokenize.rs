@@ -1,5 +1,7 @@
-//! Local-backend throughput: a cold ~4k-token chat, and an 8-turn conversation cold vs
-//! with the earlier turns in the segment cache (each iteration's last user turn is new).
+//! Local-backend throughput: a cold ~5k-token chat beside the bare HF `tokenizers` encode
+//! of its rendered text (one group, so the ratio comes from one run), and an 8-turn
+//! conversation cold vs with the earlier turns in the segment cache (each iteration's last
+//! user turn is new).
 //! Run: `cargo bench -p kvgate-tokenize --bench tokenize`.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: panics are failures
@@ -98,6 +100,31 @@ fn benches(c: &mut Criterion) {
         b.iter(|| {
             black_box(
                 cold.tokenize(Api::ChatCompletions, black_box(&big))
+                    .expect("ok"),
+            )
+        })
+    });
+    // The engine alone on the same rendered text, encoded as vLLM encodes a chat prompt
+    // (`add_special_tokens=False`: the template writes the specials), with offsets
+    // (`encode`) and without (`encode_fast`).
+    let text = cold
+        .render_prompt(Api::ChatCompletions, &big)
+        .expect("renders");
+    let bare = cold.tokenizer();
+    assert_eq!(
+        bare.encode(text.as_str(), false).expect("ok").get_ids(),
+        cold.tokenize(Api::ChatCompletions, &big).expect("ok")[0]
+            .token_ids
+            .as_slice(),
+        "bare encode yields the local backend's ids"
+    );
+    g.bench_function(format!("bare_encode_{n}_tokens"), |b| {
+        b.iter(|| black_box(bare.encode(black_box(text.as_str()), false).expect("ok")))
+    });
+    g.bench_function(format!("bare_encode_fast_{n}_tokens"), |b| {
+        b.iter(|| {
+            black_box(
+                bare.encode_fast(black_box(text.as_str()), false)
                     .expect("ok"),
             )
         })

@@ -15,7 +15,7 @@ use crate::bigint::BigInts;
 use crate::chat::{self, Rejection};
 use crate::outcome::{BackendError, FallbackReason, PromptTokens};
 use crate::prefix::PrefixSupport;
-use crate::prefix_cache::SegmentEncoder;
+use crate::prefix_cache::{CHUNK_BYTES, SegmentEncoder};
 use crate::template::{ChatTemplate, RenderError, TemplateInput};
 
 /// Local-backend options.
@@ -114,6 +114,12 @@ impl LocalTokenizer {
             prefix: PrefixSupport::default(),
         };
         local.prefix = PrefixSupport::probe(&local);
+        if let Some(spaced) = local.prefix.clean_cuts() {
+            let spaced = spaced.to_vec();
+            local
+                .segments
+                .chunk_at_clean_boundaries(CHUNK_BYTES, spaced);
+        }
         local.anthropic = local.probe_anthropic();
         Ok(local)
     }

@@ -101,10 +101,16 @@ impl PrefixSupport {
             specials,
         }
     }
+
+    /// The added-token strings holding a space, when text without `add_special_tokens` may
+    /// be encoded in parts cut at clean boundaries (`None`: it may not).
+    pub(crate) fn clean_cuts(&self) -> Option<&[Vec<u8>]> {
+        self.splittable.then_some(self.spaced_tokens.as_slice())
+    }
 }
 
 /// Whether `b` is a clean boundary of `text` (see the module docs).
-fn is_boundary(text: &[u8], b: usize, spaced_tokens: &[Vec<u8>]) -> bool {
+pub(crate) fn is_boundary(text: &[u8], b: usize, spaced_tokens: &[Vec<u8>]) -> bool {
     if b == 0 || b + 1 >= text.len() {
         return false;
     }

@@ -113,3 +113,60 @@ fn multi_turn_hits_earlier_segments() {
     // The first user segment was reused: only the two new long segments were added.
     assert_eq!(cache.entry_count(), before + 2);
 }
+
+/// Words that make clean boundaries (an ASCII alphanumeric, a space, a printable ASCII byte).
+const WORDS: &[&str] = &[
+    " the", " x1", " 42", " (a)", " {\"k\":", " —", " café", " 模型", " don't", " -", " A.",
+];
+
+#[test]
+fn chunked_equals_whole_on_random_texts() {
+    let local = test_util::qwen3();
+    let tok = local.tokenizer();
+    let spaced = local
+        .prefix
+        .clean_cuts()
+        .expect("Qwen3 splits cleanly")
+        .to_vec();
+    assert!(local.segments.chunking.is_some(), "load turns chunking on");
+    let mut rng = Rng(0x6368_756e_6b73);
+    for case in 0..200 {
+        // Tiny parts, so a short text is cut many times.
+        let bytes = 1 + rng.below(64);
+        let mut cold = SegmentEncoder::new(tok, 0);
+        cold.chunk_at_clean_boundaries(bytes, spaced.clone());
+        let mut cached = SegmentEncoder::new(tok, 1_000_000);
+        cached.chunk_at_clean_boundaries(bytes, spaced.clone());
+        let raw: String = (0..(1 + rng.below(120)))
+            .map(|_| {
+                if rng.below(2) == 0 {
+                    rng.pick(WORDS)
+                } else {
+                    rng.pick(PIECES)
+                }
+            })
+            .collect();
+        let body = random_conversation(&mut rng);
+        let chat = local
+            .render_prompt(Api::ChatCompletions, body.to_string().as_bytes())
+            .unwrap();
+        for text in [raw, chat] {
+            let want = tok
+                .encode_fast(text.as_str(), false)
+                .unwrap()
+                .get_ids()
+                .to_vec();
+            assert_eq!(
+                cold.encode(tok, &text).unwrap(),
+                want,
+                "case {case} cold: {text:?}"
+            );
+            for pass in 0..2 {
+                let got = cached.encode(tok, &text).unwrap();
+                assert_eq!(got, want, "case {case} cached pass {pass}: {text:?}");
+            }
+            let got = cold.encode_chunk(tok, &text, false).unwrap();
+            assert_eq!(got, want, "case {case} chunk: {text:?}");
+        }
+    }
+}
