@@ -9,7 +9,12 @@
 //! - a gap replays `[expected, seq)` through a DEALER, applied in order and deduplicated; a gap
 //!   that cannot be filled marks the endpoint degraded (gauge + WARN);
 //! - a sequence going backwards is an engine restart: the endpoint's holdings are dropped
-//!   (and replayed from 0 when possible);
+//!   (and replayed from 0 when possible). So is a gap forward in the first batch of a new
+//!   connection (the SUB socket reported a disconnect, or the task made a new socket): an
+//!   engine restarted on the same ports may be past the old process's last seq by the time
+//!   the subscriber reconnects, and its holdings would otherwise stay, routing hits that do
+//!   not exist (issue #11, defect 5). A batch in order after a reconnect is the same process;
+//!   an `AllBlocksCleared` event drops the holdings as it always did;
 //! - malformed frames and payloads are counted and logged with the endpoint, never fatal.
 //!
 //! `zeromq`'s `connect()` waits until the peer exists, so each endpoint's task does its own
@@ -23,7 +28,7 @@ use std::time::Duration;
 
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
-use zeromq::{Socket, SocketRecv, SubSocket, ZmqMessage};
+use zeromq::{Socket, SocketEvent, SocketRecv, SubSocket, ZmqMessage};
 
 use crate::codec::decode_batch;
 use crate::event::KvEvent;
@@ -212,6 +217,9 @@ impl EndpointTask {
         let endpoint = self.slot.label.clone();
         loop {
             let mut sock = SubSocket::new();
+            let mut monitor = sock.monitor();
+            // A new socket is a new connection: its first batch may come from a new process.
+            let mut reconnected = !seq.is_fresh();
             if let Err(e) = sock.subscribe(&self.source.topic).await {
                 tracing::warn!(endpoint = %endpoint, error = %e, "kv subscribe failed");
             }
@@ -233,7 +241,17 @@ impl EndpointTask {
                 tokio::select! {
                     _ = cancel.cancelled() => return,
                     m = sock.recv() => match m {
-                        Ok(m) => self.on_message(&mut seq, m, &cancel).await,
+                        Ok(m) => {
+                            // The socket reconnects by itself; a disconnect it reports makes
+                            // the next batch the first of a new connection.
+                            while let Ok(event) = monitor.try_recv() {
+                                if matches!(event, SocketEvent::Disconnected(_)) {
+                                    reconnected = true;
+                                }
+                            }
+                            let first_of_connection = std::mem::take(&mut reconnected);
+                            self.on_message(&mut seq, m, first_of_connection, &cancel).await;
+                        }
                         Err(e) => {
                             tracing::warn!(endpoint = %endpoint, error = %e, "kv events receive failed, reconnecting");
                             break;
@@ -255,10 +273,13 @@ impl EndpointTask {
         }
     }
 
+    /// Applies one live batch; `first_of_connection` marks the first batch received on a
+    /// new connection (a forward gap there is taken for an engine restart).
     async fn on_message(
         &mut self,
         tracker: &mut SeqTracker,
         msg: ZmqMessage,
+        first_of_connection: bool,
         cancel: &CancellationToken,
     ) {
         let frames = msg.into_vec();
@@ -270,7 +291,14 @@ impl EndpointTask {
             _ => return self.bad_frames(frames.len()),
         };
         let label = self.slot.label.clone();
-        match tracker.step(seq) {
+        let step = match tracker.step(seq) {
+            SeqStep::Gap { expected } if first_of_connection => {
+                tracing::warn!(endpoint = %label, expected, got = seq, "kv event sequence jumped on a new connection: taking it for an engine restart");
+                SeqStep::Reset { expected }
+            }
+            step => step,
+        };
+        match step {
             SeqStep::InOrder => {}
             SeqStep::Duplicate => return,
             SeqStep::First => {

@@ -453,3 +453,75 @@ async fn connect_replays_retained_history_before_the_next_event() {
     assert!(!ix.is_degraded(ep));
     sub.shutdown().await;
 }
+
+/// Issue #11, defect 5: the engine restarts on the same ports and the first batch the
+/// reconnected subscriber sees is *ahead* of the old process's last seq (not 0, not
+/// backwards). The old process's holdings are dropped, so no hit on them remains; the new
+/// process's batches are kept, and the restart is counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restart_seen_as_a_forward_jump_on_reconnect_drops_old_holdings() {
+    let mut reg = Registry::default();
+    let ix = KvIndex::new(IndexConfig::default(), KvMetrics::new(&mut reg));
+    let mut old = Publisher::bind().await;
+    let source = EndpointSource {
+        spec: spec(),
+        kv_events: old.url.clone(),
+        replay: None,
+        topic: "kv@".into(),
+    };
+    let config = SubscriberConfig {
+        reconnect_backoff: Duration::from_millis(20),
+        ..SubscriberConfig::default()
+    };
+    let sub = KvEventSubscriber::spawn(config, vec![source], ix.clone(), CancellationToken::new())
+        .unwrap();
+    let ep = ix.endpoint_id(&spec().key).unwrap();
+    let next = warm_up(&mut old, &ix, ep, 0).await;
+    let old_blocks = ix.endpoint_blocks(ep);
+    assert!(!old_blocks.is_empty());
+    let url = old.url.clone();
+    drop(old);
+    // The new process on the same port, already a few batches further than the old one got.
+    let mut sock = PubSocket::new();
+    let mut bound = None;
+    for _ in 0..200 {
+        match sock.bind(&url).await {
+            Ok(e) => {
+                bound = Some(e);
+                break;
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
+        }
+    }
+    assert!(bound.is_some(), "could not bind {url} again");
+    let mut new = Publisher {
+        sock,
+        url,
+        retained: Arc::default(),
+    };
+    let mut seq = next + 5;
+    let deadline = Instant::now() + DEADLINE;
+    let is_new = |k: &BlockKey| !old_blocks.iter().any(|(o, _)| o == k);
+    while !ix.endpoint_blocks(ep).iter().any(|(k, _)| is_new(k)) {
+        assert!(
+            Instant::now() < deadline,
+            "the new process's batches never arrived"
+        );
+        new.publish(seq, batch(1, seq, true), false).await;
+        seq += 1;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let blocks = ix.endpoint_blocks(ep);
+    assert!(
+        blocks.iter().all(|(k, _)| is_new(k)),
+        "the old process's holdings survived its restart: {} of {}",
+        blocks.iter().filter(|(k, _)| !is_new(k)).count(),
+        blocks.len()
+    );
+    let ep_label = "{endpoint=\"127.0.0.1:8000#0\"}";
+    assert_eq!(
+        metric(&reg, &format!("kvgate_kv_restarts_total{ep_label}")),
+        Some(1.0)
+    );
+    sub.shutdown().await;
+}
