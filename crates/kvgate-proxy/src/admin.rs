@@ -8,6 +8,11 @@
 //! | `GET /debug/state.json` | the endpoint registry's [`StateSnapshot`](kvgate_schedule::StateSnapshot) as JSON |
 //! | `GET /debug/state` | the same as an HTML table (`admin/state.html`) |
 //!
+//! With an admin token configured ([`ProxyConfig::admin_token`](crate::ProxyConfig::admin_token):
+//! `--admin-token`, `KVGATE_ADMIN_TOKEN`, YAML `admin_token`), every request but
+//! `/health` and `/ready` must carry `Authorization: Bearer <token>`; without it, or with
+//! another token, the answer is `401` with `WWW-Authenticate: Bearer` and the JSON error body.
+//!
 //! `HEAD` works wherever `GET` does. Another method on a known path gets `405` with an `Allow`
 //! header, an unknown path `404`; both, and any failure, carry the proxy's JSON error body
 //! `{"error":{"message","type","code"}}`.
@@ -21,8 +26,9 @@ use std::{sync::Arc, time::Instant};
 use axum::{
     Router,
     body::Body,
-    extract::State,
+    extract::{Request, State},
     http::{HeaderValue, Method, StatusCode, Uri, header},
+    middleware::{self, Next},
     response::{IntoResponse, Response},
     routing::get,
 };
@@ -42,6 +48,7 @@ struct AdminState {
 
 /// The admin routes over `proxy` and the metric families in `metrics`.
 pub(crate) fn router(proxy: Arc<Proxy>, metrics: Arc<Registry>) -> Router {
+    let state = AdminState { proxy, metrics };
     Router::new()
         .route("/health", get(health))
         .route("/ready", get(ready))
@@ -51,7 +58,46 @@ pub(crate) fn router(proxy: Arc<Proxy>, metrics: Arc<Registry>) -> Router {
         // After the routes: it applies to the routes already added.
         .method_not_allowed_fallback(method_not_allowed)
         .fallback(not_found)
-        .with_state(AdminState { proxy, metrics })
+        .layer(middleware::from_fn_with_state(state.clone(), require_token))
+        .with_state(state)
+}
+
+/// Paths open without the admin token (probes).
+const OPEN_PATHS: [&str; 2] = ["/health", "/ready"];
+
+/// With an admin token configured, lets through only [`OPEN_PATHS`] and requests bearing it.
+async fn require_token(State(state): State<AdminState>, req: Request, next: Next) -> Response {
+    let Some(token) = state.proxy.config().admin_token.as_deref() else {
+        return next.run(req).await;
+    };
+    if OPEN_PATHS.contains(&req.uri().path()) {
+        return next.run(req).await;
+    }
+    let presented = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim);
+    if presented.is_some_and(|p| same_secret(p.as_bytes(), token.as_bytes())) {
+        return next.run(req).await;
+    }
+    let message = match presented {
+        Some(_) => "the admin token does not match",
+        None => "the admin port requires `Authorization: Bearer <token>`",
+    };
+    let mut resp = json_error(
+        StatusCode::UNAUTHORIZED,
+        ErrorBody::new(message, "authentication_error", "unauthorized"),
+    );
+    resp.headers_mut()
+        .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+    resp
+}
+
+/// Compares two secrets in time independent of where they differ.
+fn same_secret(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 async fn health() -> Response {

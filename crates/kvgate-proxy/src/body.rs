@@ -1,10 +1,11 @@
 //! Response bodies: streamed through chunk by chunk, and the per-request accounting guard.
 
 use std::{
+    future::Future,
     pin::Pin,
     sync::Arc,
     task::{Context, Poll},
-    time::Instant,
+    time::{Duration, Instant},
 };
 
 use bytes::Bytes;
@@ -13,6 +14,7 @@ use http_body_util::{BodyExt, Full, combinators::BoxBody};
 use hyper::body::Incoming;
 use kvgate_request::{Api, SseModelRewriter, SseUsageObserver, Usage, usage_from_json};
 use kvgate_schedule::{EndpointRegistry, EndpointState, InFlightGuard};
+use prometheus_client::metrics::counter::Counter;
 
 use crate::decision_log::LogEntry;
 
@@ -243,6 +245,25 @@ pub struct StreamBody {
     guard: RequestGuard,
     tracker: Option<Tracker>,
     done: bool,
+    /// Ends the body with an error when the engine sends no chunk for a while.
+    stall: Option<Stall>,
+}
+
+/// The between-chunks timeout of a [`StreamBody`].
+#[derive(Debug)]
+struct Stall {
+    timeout: Duration,
+    deadline: Pin<Box<tokio::time::Sleep>>,
+    /// `kvgate_timeouts_total{phase="stream_idle"}`.
+    counter: Counter,
+}
+
+/// The error a stalled engine body ends with.
+#[derive(Debug, thiserror::Error)]
+#[error("the engine sent no response chunk within {timeout_ms} ms")]
+pub struct StreamStalled {
+    /// The configured timeout.
+    pub timeout_ms: u128,
 }
 
 impl StreamBody {
@@ -260,7 +281,20 @@ impl StreamBody {
             guard,
             tracker: Some(tracker),
             done: false,
+            stall: None,
         }
+    }
+
+    /// Ends the body with a [`StreamStalled`] error (counted in `counter`) when the engine
+    /// sends no chunk for `timeout`, from now and after each chunk.
+    #[must_use]
+    pub fn with_stall_timeout(mut self, timeout: Duration, counter: Counter) -> Self {
+        self.stall = Some(Stall {
+            timeout,
+            deadline: Box::pin(tokio::time::sleep(timeout)),
+            counter,
+        });
+        self
     }
 
     /// Sends `prefix` (bytes already read from the upstream body) before the rest of the
@@ -321,8 +355,27 @@ impl Body for StreamBody {
         }
         loop {
             match Pin::new(&mut this.inner).poll_frame(cx) {
-                Poll::Pending => return Poll::Pending,
+                Poll::Pending => {
+                    let Some(stall) = this.stall.as_mut() else {
+                        return Poll::Pending;
+                    };
+                    if stall.deadline.as_mut().poll(cx).is_pending() {
+                        return Poll::Pending;
+                    }
+                    stall.counter.inc();
+                    this.done = true;
+                    let e = StreamStalled {
+                        timeout_ms: stall.timeout.as_millis(),
+                    };
+                    tracing::warn!(request_id = ?this.guard.request_id, error = %e, "engine response stalled; ending it");
+                    // Dropping the guard unfinished counts the response as aborted.
+                    return Poll::Ready(Some(Err(Box::new(e))));
+                }
                 Poll::Ready(Some(Ok(frame))) => {
+                    if let Some(stall) = this.stall.as_mut() {
+                        let next = tokio::time::Instant::now() + stall.timeout;
+                        stall.deadline.as_mut().reset(next);
+                    }
                     if let (Some(tracker), Some(data)) = (this.tracker.as_mut(), frame.data_ref()) {
                         tracker.first_byte();
                         tracker.usage.observe(data);

@@ -15,21 +15,69 @@ use kvgate_tokenize::{ModelTokenizerConfig, TokenizeConfig};
 mod file;
 
 pub use self::file::{
-    FileConfig, KvIndexSpec, ModelConfig, ReplicaSyncSpec, TierWeightsSpec, TokenizePool,
-    TokenizerSpec, UpstreamSpec,
+    FileConfig, KvIndexSpec, ModelConfig, ReplicaSyncSpec, TierWeightsSpec, TimeoutsSpec,
+    TokenizePool, TokenizerSpec, UpstreamSpec,
 };
 
 /// Proxy listen address when neither `--listen` nor `listen` sets one: `0.0.0.0:8080`.
 pub const DEFAULT_LISTEN: SocketAddr = SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 8080);
 /// Admin listen address (`/health`, `/ready`, `/metrics`, `/debug/state`) when neither
-/// `--admin-listen` nor `admin_listen` sets one: `0.0.0.0:9090`, a port of its own.
-pub const DEFAULT_ADMIN_LISTEN: SocketAddr =
-    SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 9090);
+/// `--admin-listen` nor `admin_listen` sets one: `127.0.0.1:9090`, a port of its own, on
+/// loopback only (set `admin_listen: 0.0.0.0:9090` for probes and scrapes from elsewhere,
+/// with an admin token).
+pub const DEFAULT_ADMIN_LISTEN: SocketAddr = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 9090);
 /// Default upstream TCP connect timeout (`upstream.connect_timeout_ms`).
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Default idle time before a pooled upstream connection is closed
 /// (`upstream.pool_idle_timeout_ms`).
 pub const DEFAULT_POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
+
+/// Timeouts of the phases of a client connection and of an engine response (YAML
+/// `timeouts:`); each one that fires is counted in `kvgate_timeouts_total{phase}`. The
+/// engine's first byte (response headers) is bounded by [`ProxyConfig::upstream_timeout`]
+/// (`--upstream-timeout`, phase `first_byte`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Timeouts {
+    /// A request head must arrive within this once its first byte has (default 30 s;
+    /// `timeouts.header_read_ms`, phase `header_read`): the connection is closed.
+    pub header_read: Duration,
+    /// The whole request body must arrive within this once its head has (default 30 s;
+    /// `timeouts.body_read_ms`, phase `body_read`): the client gets 408 and the connection
+    /// is closed. It bounds a stalled upload and a trickle alike.
+    pub body_read: Duration,
+    /// A client connection with no request in flight and no byte in either direction for
+    /// this long is closed (default 60 s; `timeouts.idle_ms`, phase `idle`): idle keep-alive
+    /// connections and connections that never send.
+    pub idle: Duration,
+    /// An engine response body with no chunk for this long is ended with an error (default
+    /// 300 s; `timeouts.stream_idle_ms`, phase `stream_idle`): the client's stream is cut
+    /// (HTTP/1.1: connection closed without the final chunk; HTTP/2: stream reset).
+    pub stream_idle: Duration,
+}
+
+/// Default of [`ProxyConfig::max_prompt_bytes_tokenized`]: 1 MiB (about 250k tokens of
+/// English text, past any current model's context).
+pub const DEFAULT_MAX_PROMPT_BYTES_TOKENIZED: usize = 1 << 20;
+
+/// Default of [`Timeouts::header_read`].
+pub const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
+/// Default of [`Timeouts::body_read`].
+pub const DEFAULT_BODY_READ_TIMEOUT: Duration = Duration::from_secs(30);
+/// Default of [`Timeouts::idle`].
+pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+/// Default of [`Timeouts::stream_idle`].
+pub const DEFAULT_STREAM_IDLE_TIMEOUT: Duration = Duration::from_secs(300);
+
+impl Default for Timeouts {
+    fn default() -> Self {
+        Self {
+            header_read: DEFAULT_HEADER_READ_TIMEOUT,
+            body_read: DEFAULT_BODY_READ_TIMEOUT,
+            idle: DEFAULT_IDLE_TIMEOUT,
+            stream_idle: DEFAULT_STREAM_IDLE_TIMEOUT,
+        }
+    }
+}
 
 /// Why a configuration was rejected.
 #[derive(Debug, thiserror::Error)]
@@ -144,6 +192,22 @@ pub struct ProxyConfig {
     /// `x-kvgate-endpoint` response header, and engine addresses and OS errors in error
     /// bodies. Off, both are only logged.
     pub expose_internals: bool,
+    /// Phase timeouts (YAML `timeouts:`).
+    pub timeouts: Timeouts,
+    /// A request body larger than this many bytes is not tokenized: it is routed on load
+    /// and forwarded unchanged, counted in
+    /// `kvgate_tokenize_fallback_total{reason="prompt_too_large"}` (YAML
+    /// `tokenize.max_prompt_bytes_tokenized`, default [`DEFAULT_MAX_PROMPT_BYTES_TOKENIZED`]).
+    /// The body bounds its prompt text from above; it bounds the tokenizer's memory and time
+    /// per request (issue #11: a 30 MiB prompt took 28 s and 3.4 GB to tokenize).
+    pub max_prompt_bytes_tokenized: usize,
+    /// When set, every admin route but `/health` and `/ready` requires
+    /// `Authorization: Bearer <token>` (YAML `admin_token`, `--admin-token`,
+    /// `KVGATE_ADMIN_TOKEN`); without it they answer 401.
+    pub admin_token: Option<String>,
+    /// Discovered endpoints (YAML `discovery:` or `endpoints_file:`), applied next to
+    /// `endpoints` by whoever runs the proxy; with it, an empty `endpoints` is allowed.
+    pub discovery: Option<kvgate_discovery::DiscoveryConfig>,
 }
 
 impl Default for ProxyConfig {
@@ -167,6 +231,10 @@ impl Default for ProxyConfig {
             pool_idle_timeout: DEFAULT_POOL_IDLE_TIMEOUT,
             replica_sync: None,
             expose_internals: false,
+            timeouts: Timeouts::default(),
+            admin_token: None,
+            max_prompt_bytes_tokenized: DEFAULT_MAX_PROMPT_BYTES_TOKENIZED,
+            discovery: None,
         }
     }
 }
@@ -191,7 +259,25 @@ impl ProxyConfig {
         self.tokenize.max_queue_wait_ms = file.tokenize.max_queue_wait_ms;
         self.tokenize.prefix_cache_max_tokens = file.tokenize.prefix_cache_max_tokens;
         self.tokenize_prefix = file.tokenize.prefix_only;
+        self.max_prompt_bytes_tokenized = file.tokenize.max_prompt_bytes_tokenized;
         self.expose_internals |= file.expose_internals;
+        self.discovery = match (&file.discovery, &file.endpoints_file) {
+            (Some(_), Some(_)) => {
+                return Err(ConfigError::Invalid(vec![FieldIssue {
+                    field: "endpoints_file",
+                    reason: "give either `discovery:` or `endpoints_file:`, not both",
+                }]));
+            }
+            (Some(d), None) => Some(d.clone()),
+            (None, Some(path)) => Some(kvgate_discovery::DiscoveryConfig::File(
+                kvgate_discovery::FileSourceConfig::new(path.clone()),
+            )),
+            (None, None) => None,
+        };
+        self.timeouts = file.timeouts.to_timeouts();
+        if let Some(token) = file.admin_token.as_ref().filter(|t| !t.is_empty()) {
+            self.admin_token.get_or_insert_with(|| token.clone());
+        }
         if let Some(engines) = &file.engines {
             self.engines = engines.clone();
         }
@@ -244,6 +330,27 @@ impl ProxyConfig {
             (
                 ix.speculative_ttl.is_zero(),
                 "kv_index.speculative_ttl_ms",
+                POSITIVE,
+            ),
+            (
+                self.timeouts.header_read.is_zero(),
+                "timeouts.header_read_ms",
+                POSITIVE,
+            ),
+            (
+                self.timeouts.body_read.is_zero(),
+                "timeouts.body_read_ms",
+                POSITIVE,
+            ),
+            (self.timeouts.idle.is_zero(), "timeouts.idle_ms", POSITIVE),
+            (
+                self.max_prompt_bytes_tokenized == 0,
+                "tokenize.max_prompt_bytes_tokenized",
+                POSITIVE,
+            ),
+            (
+                self.timeouts.stream_idle.is_zero(),
+                "timeouts.stream_idle_ms",
                 POSITIVE,
             ),
             (!weight_ok(w.gpu), "kv_index.tier_weights.gpu", WEIGHT),

@@ -55,6 +55,12 @@ pub enum ProxyError {
     /// Reading the client's body failed.
     #[error("reading the request body failed: {0}")]
     ClientBody(String),
+    /// The client's body did not arrive within `timeouts.body_read_ms`.
+    #[error("the request body did not arrive within {timeout_ms} ms")]
+    BodyTimeout {
+        /// The configured timeout.
+        timeout_ms: u128,
+    },
     /// The endpoint's URL and the request path do not make an upstream URI (kvgate's
     /// configuration or a path it cannot forward, not the client's body).
     #[error("endpoint {endpoint}: cannot build the upstream URI for `{path}`: {reason}")]
@@ -109,6 +115,7 @@ impl ProxyError {
         match self {
             ProxyError::Parse(_) | ProxyError::ClientBody(_) => StatusCode::BAD_REQUEST,
             ProxyError::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            ProxyError::BodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
             ProxyError::ModelNotServed(_) | ProxyError::NotFound { .. } => StatusCode::NOT_FOUND,
             ProxyError::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
             ProxyError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
@@ -127,6 +134,7 @@ impl ProxyError {
             ProxyError::Parse(_)
             | ProxyError::ClientBody(_)
             | ProxyError::BodyTooLarge { .. }
+            | ProxyError::BodyTimeout { .. }
             | ProxyError::ModelNotServed(_)
             | ProxyError::NotFound { .. }
             | ProxyError::MethodNotAllowed { .. }
@@ -146,6 +154,7 @@ impl ProxyError {
             ProxyError::Parse(e) => e.code(),
             ProxyError::BodyTooLarge { .. } => "body_too_large",
             ProxyError::ClientBody(_) => "client_body_error",
+            ProxyError::BodyTimeout { .. } => "body_timeout",
             ProxyError::ModelNotServed(_) => "model_not_found",
             ProxyError::NotFound { .. } => "not_found",
             ProxyError::MethodNotAllowed { .. } => "method_not_allowed",

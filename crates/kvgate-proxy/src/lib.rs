@@ -38,6 +38,6 @@ pub use self::{
     body::ProxyBody,
     config::{ConfigError, FileConfig, ModelConfig, ProxyConfig, TokenizePool, TokenizerSpec},
     error::ProxyError,
-    proxy::Proxy,
+    proxy::{Pick, Proxy, Routed, SideTasks},
     server::run,
 };

@@ -45,6 +45,20 @@ pub struct ListenerLabels {
     pub listener: &'static str,
 }
 
+/// Labels of a timed-out phase.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PhaseLabels {
+    /// `header_read`, `body_read`, `idle`, `first_byte` or `stream_idle`.
+    pub phase: &'static str,
+}
+
+/// Labels of a request routed without tokenizing it.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct FallbackLabels {
+    /// Why it was not tokenized (`prompt_too_large`).
+    pub reason: &'static str,
+}
+
 /// The proxy's metric handles.
 #[derive(Debug, Clone)]
 pub struct ProxyMetrics {
@@ -71,6 +85,13 @@ pub struct ProxyMetrics {
     /// `kvgate_sse_oversize_events_total`: response SSE events over the 1 MiB watch cap,
     /// passed through unwatched (their `usage` is not read).
     pub sse_oversize: Counter,
+    /// `kvgate_timeouts_total{phase}`: connections or requests ended by a timeout
+    /// (`header_read`, `body_read`, `idle`, `first_byte`, `stream_idle`).
+    pub timeouts: Family<PhaseLabels, Counter>,
+    /// `kvgate_tokenize_fallback_total{reason}`: requests kvgate routed on load without
+    /// asking the tokenizer (`prompt_too_large`: a body over
+    /// `tokenize.max_prompt_bytes_tokenized`).
+    pub tokenize_fallback: Family<FallbackLabels, Counter>,
 }
 
 fn latency_histogram() -> Histogram {
@@ -94,6 +115,8 @@ impl ProxyMetrics {
             aborted: Family::default(),
             accept_errors: Family::default(),
             sse_oversize: Counter::default(),
+            timeouts: Family::default(),
+            tokenize_fallback: Family::default(),
         };
         registry.register(
             "requests",
@@ -145,6 +168,21 @@ impl ProxyMetrics {
             "Response SSE events over the watch cap, passed through without reading their usage",
             m.sse_oversize.clone(),
         );
+        registry.register(
+            "timeouts",
+            "Connections or requests ended by a timeout, by phase",
+            m.timeouts.clone(),
+        );
+        registry.register(
+            "tokenize_fallback",
+            "Requests routed on load without tokenizing, by reason",
+            m.tokenize_fallback.clone(),
+        );
         m
+    }
+
+    /// Counts one timeout of `phase`.
+    pub fn timed_out(&self, phase: &'static str) {
+        self.timeouts.get_or_create(&PhaseLabels { phase }).inc();
     }
 }

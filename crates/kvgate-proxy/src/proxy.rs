@@ -9,11 +9,16 @@
 //!   endpoints already tried excluded (so the picks after the first are its fallbacks).
 //! - `facts`: the tokenizer glue behind the pipeline's [`kvgate_schedule::RequestFacts`],
 //!   prefix tokenization included.
-//! - `routes`: the proxy port's path table (which paths are answered, forwarded or refused;
+//! - [`routes`]: the proxy port's path table (which paths are answered, forwarded or refused;
 //!   methods and content types).
 //! - `forward`: the HTTP front door: [`Proxy::handle`], the body read within
 //!   `max_body_bytes`, the retry loop over the pipeline's picks, one upstream attempt.
 //! - `respond`: the engine's response → the client's (model-name restore, `usage` watch).
+//!
+//! Public for a second front door (the Envoy ext_proc server in `kvgate-epp`): [`routes`],
+//! [`request_id()`], [`Proxy::route`] → [`Routed`] → [`Proxy::next_pick`] → [`Pick`],
+//! [`Proxy::response_tracker`], and [`Proxy::spawn_side_tasks`] (admin port, model
+//! discovery, replica sync without the HTTP proxy listener).
 
 use std::{
     collections::HashMap,
@@ -41,9 +46,13 @@ mod forward;
 mod pipeline;
 mod request_id;
 mod respond;
-mod routes;
+pub mod routes;
 
-pub use self::facts::PREFIX_TOKENS_START;
+pub use self::{
+    facts::PREFIX_TOKENS_START,
+    pipeline::{Pick, Routed},
+    request_id::request_id,
+};
 
 /// Header carrying the request id (taken from the client, or generated).
 pub const REQUEST_ID: &str = "x-request-id";
@@ -74,7 +83,64 @@ pub struct Proxy {
     replica: std::sync::OnceLock<Arc<kvgate_replica::ReplicaSync>>,
 }
 
+/// The background tasks of a front door other than [`crate::run`]'s: the admin server and
+/// model discovery. Dropping it (or [`SideTasks::stop`]) aborts them.
+#[derive(Debug)]
+pub struct SideTasks {
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl SideTasks {
+    /// Aborts the admin server and model discovery.
+    pub fn stop(self) {}
+}
+
+impl Drop for SideTasks {
+    fn drop(&mut self) {
+        for task in &self.tasks {
+            task.abort();
+        }
+    }
+}
+
 impl Proxy {
+    /// The validated configuration the proxy was built from.
+    pub fn config(&self) -> &ProxyConfig {
+        &self.config
+    }
+
+    /// The proxy's metric families (request counts, errors, in-flight, first byte).
+    pub fn metrics(&self) -> &ProxyMetrics {
+        &self.metrics
+    }
+
+    /// Starts what [`crate::run`] starts besides the proxy listener, for another front door
+    /// over the same proxy: the replica sync (when configured), the admin routes (`/health`,
+    /// `/ready`, `/metrics`, `/debug/state[.json]`) on `admin` with the families in
+    /// `registry`, and model discovery (when `models_refresh` is set).
+    ///
+    /// # Errors
+    /// The replica sync does not start.
+    pub async fn spawn_side_tasks(
+        self: &Arc<Self>,
+        admin: tokio::net::TcpListener,
+        registry: Arc<prometheus_client::registry::Registry>,
+    ) -> std::io::Result<SideTasks> {
+        self.start_replica_sync()
+            .await
+            .map_err(std::io::Error::other)?;
+        let routes = crate::admin::router(self.clone(), registry);
+        let mut tasks = vec![tokio::spawn(async move {
+            if let Err(e) = axum::serve(admin, routes).await {
+                tracing::error!(error = %e, "admin server stopped");
+            }
+        })];
+        if let Some(every) = self.config.models_refresh {
+            tasks.push(tokio::spawn(self.clone().discovery_loop(every)));
+        }
+        Ok(SideTasks { tasks })
+    }
+
     /// The current endpoints, in configured order.
     pub fn endpoints(&self) -> Arc<Vec<Arc<EndpointState>>> {
         self.registry.endpoints()

@@ -5,6 +5,7 @@
 
 use std::{future::Future, io, net::SocketAddr, sync::Arc, time::Duration};
 
+use http_body_util::BodyExt;
 use hyper::service::service_fn;
 use hyper_util::{
     rt::{TokioExecutor, TokioIo, TokioTimer},
@@ -13,7 +14,14 @@ use hyper_util::{
 use prometheus_client::{metrics::counter::Counter, registry::Registry};
 use tokio::net::{TcpListener, TcpStream};
 
-use crate::{Proxy, metrics::ListenerLabels};
+use crate::{
+    Proxy,
+    metrics::{ListenerLabels, PhaseLabels},
+};
+
+mod idle;
+
+use self::idle::{IdleIo, InFlight};
 
 /// How long graceful shutdown waits for in-flight requests.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
@@ -66,11 +74,20 @@ async fn serve_proxy(
     proxy: Arc<Proxy>,
     shutdown: impl Future<Output = ()> + Send,
 ) -> io::Result<()> {
+    let timeouts = proxy.config.timeouts;
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder
         .http1()
         .timer(TokioTimer::new())
-        .header_read_timeout(Duration::from_secs(30));
+        .header_read_timeout(timeouts.header_read);
+    let phase = |phase| {
+        proxy
+            .metrics
+            .timeouts
+            .get_or_create(&PhaseLabels { phase })
+            .clone()
+    };
+    let (idle_timeouts, header_timeouts) = (phase("idle"), phase("header_read"));
     let graceful = GracefulShutdown::new();
     tokio::pin!(shutdown);
     loop {
@@ -80,16 +97,40 @@ async fn serve_proxy(
         };
         let _ = stream.set_nodelay(true);
         let proxy = proxy.clone();
+        let in_flight = InFlight::default();
+        let io = IdleIo::new(
+            stream,
+            timeouts.idle,
+            in_flight.clone(),
+            idle_timeouts.clone(),
+        );
         let service = service_fn(move |req| {
             let proxy = proxy.clone();
-            async move { Ok::<_, std::convert::Infallible>(proxy.handle(req).await) }
+            // Counted until the response body is dropped (the idle timeout waits for it).
+            let request = in_flight.enter();
+            async move {
+                let resp = proxy.handle(req).await.map(|body| {
+                    body.map_frame(move |frame| {
+                        let _ = &request;
+                        frame
+                    })
+                    .boxed()
+                });
+                Ok::<_, std::convert::Infallible>(resp)
+            }
         });
         let conn = builder
-            .serve_connection(TokioIo::new(stream), service)
+            .serve_connection(TokioIo::new(io), service)
             .into_owned();
         let conn = graceful.watch(conn);
+        let header_timeouts = header_timeouts.clone();
         tokio::spawn(async move {
             if let Err(e) = conn.await {
+                if e.downcast_ref::<hyper::Error>()
+                    .is_some_and(hyper::Error::is_timeout)
+                {
+                    header_timeouts.inc();
+                }
                 tracing::debug!(%peer, error = %e, "client connection ended with an error");
             }
         });

@@ -50,6 +50,19 @@ pub enum Behavior {
     Silent,
     /// Closes the connection right after reading the request, without a response byte.
     Reset,
+    /// An engine with a body limit of `read_body` bytes (as axum's): a larger body is read
+    /// up to the limit, answered `status` with this JSON body (and `connection: close`) and
+    /// the connection closed, the rest of the body not uploaded. A body within the limit is
+    /// answered `200` with `{"id":"ok","choices":[]}`. Requests are reported with the body
+    /// bytes read; each connection serves one.
+    RejectEarly {
+        /// The status line's code and reason, e.g. `413 Payload Too Large`.
+        status: String,
+        /// The JSON body.
+        body: String,
+        /// Body bytes read before answering.
+        read_body: usize,
+    },
 }
 
 /// Events the spy reports besides captured requests.
@@ -142,6 +155,50 @@ async fn serve_conn(
     ev_tx: mpsc::UnboundedSender<SpyEvent>,
 ) {
     let mut buf = Vec::new();
+    if let Behavior::RejectEarly {
+        status,
+        body,
+        read_body,
+    } = &*behavior
+    {
+        let head = loop {
+            let head_end = read_until_head(&mut stream, &mut buf).await;
+            let Some(head_end) = head_end else { return };
+            let head = String::from_utf8_lossy(&buf[..head_end - 4]).into_owned();
+            buf.drain(..head_end);
+            if !head.starts_with("GET /metrics ") {
+                break head;
+            }
+            let resp = "HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\n\r\n";
+            if stream.write_all(resp.as_bytes()).await.is_err() {
+                return;
+            }
+        };
+        let declared = content_length(&head);
+        let want = (*read_body).min(declared);
+        while buf.len() < want {
+            let mut chunk = [0u8; 65536];
+            match stream.read(&mut chunk).await {
+                Ok(n) if n > 0 => buf.extend_from_slice(&chunk[..n]),
+                _ => break,
+            }
+        }
+        let _ = req_tx.send(Captured {
+            head,
+            body: std::mem::take(&mut buf),
+        });
+        let (status, body) = if declared <= *read_body {
+            ("200 OK", r#"{"id":"ok","choices":[]}"#)
+        } else {
+            (status.as_str(), body.as_str())
+        };
+        let resp = format!(
+            "HTTP/1.1 {status}\r\ncontent-type: application/json\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        let _ = stream.write_all(resp.as_bytes()).await;
+        return;
+    }
     loop {
         let Some(captured) = read_request(&mut stream, &mut buf).await else {
             return;
@@ -204,16 +261,16 @@ async fn serve_conn(
                 while matches!(stream.read(&mut sink).await, Ok(n) if n > 0) {}
                 return;
             }
-            Behavior::Reset => return,
+            Behavior::Reset | Behavior::RejectEarly { .. } => return,
         }
     }
 }
 
-/// Reads one HTTP/1.1 request (content-length framed) from `stream`.
-async fn read_request(stream: &mut TcpStream, buf: &mut Vec<u8>) -> Option<Captured> {
-    let head_end = loop {
+/// Reads bytes into `buf` until it holds a whole request head; its length with the blank line.
+async fn read_until_head(stream: &mut TcpStream, buf: &mut Vec<u8>) -> Option<usize> {
+    loop {
         if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-            break i + 4;
+            return Some(i + 4);
         }
         let mut chunk = [0u8; 8192];
         let n = stream.read(&mut chunk).await.ok()?;
@@ -221,17 +278,26 @@ async fn read_request(stream: &mut TcpStream, buf: &mut Vec<u8>) -> Option<Captu
             return None;
         }
         buf.extend_from_slice(&chunk[..n]);
-    };
-    let head = String::from_utf8_lossy(&buf[..head_end - 4]).into_owned();
-    let len = head
-        .lines()
+    }
+}
+
+/// The `content-length` of a request head (0 without one).
+fn content_length(head: &str) -> usize {
+    head.lines()
         .skip(1)
         .find_map(|l| {
             let (k, v) = l.split_once(':')?;
             k.eq_ignore_ascii_case("content-length")
                 .then(|| v.trim().parse::<usize>().ok())?
         })
-        .unwrap_or(0);
+        .unwrap_or(0)
+}
+
+/// Reads one HTTP/1.1 request (content-length framed) from `stream`.
+async fn read_request(stream: &mut TcpStream, buf: &mut Vec<u8>) -> Option<Captured> {
+    let head_end = read_until_head(stream, buf).await?;
+    let head = String::from_utf8_lossy(&buf[..head_end - 4]).into_owned();
+    let len = content_length(&head);
     while buf.len() < head_end + len {
         let mut chunk = [0u8; 65536];
         let n = stream.read(&mut chunk).await.ok()?;

@@ -4,6 +4,7 @@
 use clap::{Parser, Subcommand, ValueEnum};
 
 mod demo;
+mod epp;
 mod serve;
 
 /// KV-cache-aware LLM inference router.
@@ -29,6 +30,8 @@ enum LogFormat {
 enum Command {
     /// Run the router in front of engine endpoints.
     Serve(serve::ServeArgs),
+    /// Run as an Envoy ext_proc endpoint picker (Gateway API Inference Extension EPP).
+    Epp(epp::EppArgs),
     /// Show precise routing against round-robin on a local simulated fleet.
     Demo(demo::DemoArgs),
     /// Run simulated vLLM engines (OpenAI API, prefix cache, KV events, /render, /metrics).
@@ -118,6 +121,7 @@ fn main() -> std::process::ExitCode {
     init_logging(cli.log_format);
     let result = match cli.command {
         Command::Serve(args) => serve::main(args),
+        Command::Epp(args) => epp::main(args),
         Command::Demo(args) => demo::main(args),
         Command::Bench(args) => bench_main(&args),
         Command::Sim(args) => sim_main(args),

@@ -13,14 +13,18 @@ pub(crate) struct ServeArgs {
     /// YAML config file (`listen`, `admin_listen`, `endpoints`, `models`, scheduler plugins);
     /// endpoints and plugins reload when its content changes.
     #[arg(long)]
-    config: Option<PathBuf>,
+    pub(crate) config: Option<PathBuf>,
     /// Proxy listen address [default: the config's `listen`, else 0.0.0.0:8080].
     #[arg(long)]
-    listen: Option<SocketAddr>,
+    pub(crate) listen: Option<SocketAddr>,
     /// Admin listen address for /health, /ready, /metrics, /debug/state [default: the
-    /// config's `admin_listen`, else 0.0.0.0:9090].
+    /// config's `admin_listen`, else 127.0.0.1:9090].
     #[arg(long)]
     admin_listen: Option<SocketAddr>,
+    /// Bearer token every admin route but /health and /ready requires (401 without it)
+    /// [default: the config's `admin_token`, else none].
+    #[arg(long, env = "KVGATE_ADMIN_TOKEN", hide_env_values = true)]
+    admin_token: Option<String>,
     /// Engine endpoint (repeatable; added to the config's): `URL[,kv=tcp://HOST:PORT]
     /// [,replay=tcp://HOST:PORT][,model=NAME][,label=KEY=VALUE]`. `kv=` subscribes to the
     /// engine's KV-cache events for precise prefix routing.
@@ -89,16 +93,7 @@ pub(crate) struct ServeArgs {
 }
 
 pub(crate) fn main(args: ServeArgs) -> anyhow::Result<()> {
-    let (file, text) = match &args.config {
-        Some(path) => {
-            let text = std::fs::read_to_string(path)
-                .with_context(|| format!("reading {}", path.display()))?;
-            let file =
-                FileConfig::from_yaml(&text).with_context(|| format!("in {}", path.display()))?;
-            (file, Some(text))
-        }
-        None => (FileConfig::default(), None),
-    };
+    let (file, text) = read_config_file(&args)?;
     let config = proxy_config(&args, &file)?;
     let (listen, admin_listen) = listen_addrs(&args, &file);
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -108,7 +103,9 @@ pub(crate) fn main(args: ServeArgs) -> anyhow::Result<()> {
     let args = Arc::new(args);
     runtime.block_on(async move {
         let mut registry = Registry::default();
-        let proxy = Proxy::new(config, &mut registry)?;
+        let sources = discover::EndpointSources::new(&config);
+        let proxy = Proxy::new(config.clone(), &mut registry)?;
+        let _discovery = discover::start(&config, &sources, &proxy, &mut registry).await?;
         let listener = tokio::net::TcpListener::bind(listen)
             .await
             .with_context(|| format!("binding {listen}"))?;
@@ -123,7 +120,13 @@ pub(crate) fn main(args: ServeArgs) -> anyhow::Result<()> {
         );
         if let (Some(path), Some(text)) = (args.config.clone(), text) {
             let seen = SeenConfig(text);
-            tokio::spawn(watch_config(path, seen, args.clone(), proxy.clone()));
+            tokio::spawn(watch_config(
+                path,
+                seen,
+                args.clone(),
+                proxy.clone(),
+                sources,
+            ));
         }
         kvgate_proxy::run(
             listener,
@@ -137,9 +140,24 @@ pub(crate) fn main(args: ServeArgs) -> anyhow::Result<()> {
     })
 }
 
+/// The `--config` file, parsed, and its text (for [`watch_config`]); the defaults without
+/// one.
+pub(crate) fn read_config_file(args: &ServeArgs) -> anyhow::Result<(FileConfig, Option<String>)> {
+    Ok(match &args.config {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("reading {}", path.display()))?;
+            let file =
+                FileConfig::from_yaml(&text).with_context(|| format!("in {}", path.display()))?;
+            (file, Some(text))
+        }
+        None => (FileConfig::default(), None),
+    })
+}
+
 /// The proxy and admin listen addresses: the flag, else the config file, else the default
 /// ([`config::DEFAULT_LISTEN`], [`config::DEFAULT_ADMIN_LISTEN`]).
-fn listen_addrs(args: &ServeArgs, file: &FileConfig) -> (SocketAddr, SocketAddr) {
+pub(crate) fn listen_addrs(args: &ServeArgs, file: &FileConfig) -> (SocketAddr, SocketAddr) {
     let listen = args
         .listen
         .or(file.listen)
@@ -153,7 +171,7 @@ fn listen_addrs(args: &ServeArgs, file: &FileConfig) -> (SocketAddr, SocketAddr)
 
 /// Builds the proxy config: the file first, then flags on top (the one place a flag
 /// overrides a config key), validated.
-fn proxy_config(args: &ServeArgs, file: &FileConfig) -> anyhow::Result<ProxyConfig> {
+pub(crate) fn proxy_config(args: &ServeArgs, file: &FileConfig) -> anyhow::Result<ProxyConfig> {
     let mut config = ProxyConfig::default();
     config.merge_file(file)?;
     for flag in &args.endpoints {
@@ -178,6 +196,9 @@ fn proxy_config(args: &ServeArgs, file: &FileConfig) -> anyhow::Result<ProxyConf
     config.default_endpoint_models();
     config.scores_header = args.scores_header;
     config.expose_internals |= args.expose_internals;
+    if let Some(token) = args.admin_token.as_ref().filter(|t| !t.is_empty()) {
+        config.admin_token = Some(token.clone());
+    }
     config.decision_log.clone_from(&args.decision_log);
     if config.scheduler.is_empty() {
         let precise = config.endpoints.iter().any(|e| e.kv_events.is_some());
@@ -230,7 +251,7 @@ fn proxy_config(args: &ServeArgs, file: &FileConfig) -> anyhow::Result<ProxyConf
 
 /// The config file's content as last read.
 #[derive(Debug)]
-struct SeenConfig(String);
+pub(crate) struct SeenConfig(pub(crate) String);
 
 impl SeenConfig {
     /// `Some(text)` when `text` differs from the content last seen (and remembers it).
@@ -250,11 +271,12 @@ impl SeenConfig {
 /// bytes does nothing. `seen` is the content the running config came from. A bad file is
 /// logged and ignored; in-flight requests finish on the endpoints and scheduler they started
 /// with.
-async fn watch_config(
+pub(crate) async fn watch_config(
     path: PathBuf,
     mut seen: SeenConfig,
     args: Arc<ServeArgs>,
     proxy: Arc<Proxy>,
+    sources: Arc<discover::EndpointSources>,
 ) {
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     loop {
@@ -268,7 +290,7 @@ async fn watch_config(
         let result = FileConfig::from_yaml(text)
             .map_err(anyhow::Error::from)
             .and_then(|file| proxy_config(&args, &file))
-            .and_then(|config| Ok(proxy.reload(&config.endpoints, &config.scheduler)?));
+            .and_then(|config| Ok(sources.reload_file(&proxy, &config)?));
         match result {
             Ok(()) => tracing::info!(path = %path.display(), "config file reloaded"),
             Err(e) => {
@@ -300,5 +322,6 @@ pub(crate) async fn shutdown_signal() {
     }
 }
 
+pub(crate) mod discover;
 #[cfg(test)]
 mod tests;

@@ -139,3 +139,53 @@ fn admin_routes_and_reload_on_content_change() {
     serve.wait_for("config file reloaded");
     assert_eq!(endpoint_count(admin), 2);
 }
+
+/// `endpoints_file:`: the endpoint list is read at start and re-read when the file changes, and
+/// a reload of the config file itself keeps the endpoints the file gave.
+#[test]
+fn endpoints_file_is_watched_and_a_config_reload_keeps_its_endpoints() {
+    let base = std::env::temp_dir().join(format!(
+        "kvgate-discovery-{}-{:?}",
+        std::process::id(),
+        std::thread::current().id()
+    ));
+    let config = TempFile(base.with_extension("yaml"));
+    let list = TempFile(base.with_extension("endpoints.yaml"));
+    let (a, b) = (dead_addr(), dead_addr());
+    let list_yaml = |eps: &[SocketAddr]| {
+        eps.iter()
+            .map(|e| format!("- url: http://{e}\n"))
+            .collect::<String>()
+    };
+    let replace = |path: &PathBuf, text: String| {
+        let next = TempFile(path.with_extension("next"));
+        std::fs::write(&next.0, text).unwrap();
+        std::fs::rename(&next.0, path).unwrap();
+    };
+    std::fs::write(&list.0, list_yaml(&[a])).unwrap();
+    let config_text = format!(
+        "listen: 127.0.0.1:0\nadmin_listen: 127.0.0.1:0\nendpoints_file: {}\n",
+        list.0.display()
+    );
+    std::fs::write(&config.0, &config_text).unwrap();
+    let serve = Serve::start(&config.0);
+    let started = serve.wait_for("kvgate serving");
+    let admin: SocketAddr = started["admin"].as_str().unwrap().parse().unwrap();
+    assert_eq!(
+        endpoint_count(admin),
+        1,
+        "the file's endpoint, read at start"
+    );
+
+    replace(&list.0, list_yaml(&[a, b]));
+    serve.wait_for("discovered endpoints applied");
+    assert_eq!(endpoint_count(admin), 2, "the file's new endpoint");
+
+    replace(&config.0, format!("{config_text}seed: 7\n"));
+    serve.wait_for("config file reloaded");
+    assert_eq!(
+        endpoint_count(admin),
+        2,
+        "the reload kept the discovered endpoints"
+    );
+}

@@ -175,3 +175,79 @@ async fn state_page_escapes_labels() {
         "{page}"
     );
 }
+
+/// Sends `GET path` with an optional `Authorization` header and reads the whole answer.
+async fn get_with(proxy: &RunningProxy, path: &str, auth: Option<&str>) -> Reply {
+    let mut stream = TcpStream::connect(proxy.admin).await.unwrap();
+    let auth = auth
+        .map(|a| format!("authorization: {a}\r\n"))
+        .unwrap_or_default();
+    let request = format!("GET {path} HTTP/1.1\r\nhost: admin\r\n{auth}connection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut raw = Vec::new();
+    stream.read_to_end(&mut raw).await.unwrap();
+    let raw = String::from_utf8(raw).unwrap();
+    let status = raw[9..12].parse().unwrap();
+    let (head, body) = raw.split_once("\r\n\r\n").unwrap();
+    let headers = head
+        .lines()
+        .skip(1)
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.to_ascii_lowercase(), v.trim().to_owned()))
+        .collect();
+    Reply {
+        status,
+        headers,
+        body: body.to_owned(),
+    }
+}
+
+/// With an admin token, every route but the probes answers 401 JSON without it (or with
+/// another one) and 200 with it; without a token configured nothing changes.
+#[tokio::test]
+async fn admin_token_guards_all_but_the_probes() {
+    let config = ProxyConfig {
+        endpoints: vec![EndpointConfig::new(format!("http://{}", dead_addr()))],
+        models_refresh: None,
+        admin_token: Some("s3cret".into()),
+        ..ProxyConfig::default()
+    };
+    let proxy = RunningProxy::start(config).await;
+    for path in ["/metrics", "/debug/state.json", "/debug/state", "/nope"] {
+        for auth in [
+            None,
+            Some("Bearer wrong"),
+            Some("s3cret"),
+            Some("Basic s3cret"),
+        ] {
+            let r = get_with(&proxy, path, auth).await;
+            assert_eq!(r.status, 401, "{path} with {auth:?}: {}", r.body);
+            assert_eq!(r.header("content-type"), Some("application/json"), "{path}");
+            assert_eq!(r.header("www-authenticate"), Some("Bearer"), "{path}");
+            let v: serde_json::Value = serde_json::from_str(&r.body).unwrap();
+            assert_eq!(v["error"]["code"], "unauthorized", "{path}");
+        }
+    }
+    for path in ["/metrics", "/debug/state.json", "/debug/state"] {
+        let r = get_with(&proxy, path, Some("Bearer s3cret")).await;
+        assert_eq!(r.status, 200, "{path}: {}", r.body);
+    }
+    assert_eq!(
+        get_with(&proxy, "/nope", Some("Bearer s3cret"))
+            .await
+            .status,
+        404
+    );
+    assert_eq!(get_with(&proxy, "/health", None).await.status, 200);
+    let ready = get_with(&proxy, "/ready", None).await;
+    assert!(ready.body.contains("ready"), "/ready: {}", ready.body);
+
+    let (open, _) = start().await;
+    assert_eq!(get_with(&open, "/metrics", None).await.status, 200);
+}
+
+#[test]
+fn the_admin_port_binds_loopback_by_default() {
+    assert!(crate::config::DEFAULT_ADMIN_LISTEN.ip().is_loopback());
+    assert_eq!(crate::config::DEFAULT_ADMIN_LISTEN.port(), 9090);
+}

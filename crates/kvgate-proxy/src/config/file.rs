@@ -9,7 +9,10 @@ use kvgate_schedule::{EndpointConfig, PluginSpec, ProfileSpec, RegistryConfig, S
 use kvgate_tokenize::{BackendKind, TokenizeConfig};
 use serde::Deserialize;
 
-use super::{ConfigError, DEFAULT_CONNECT_TIMEOUT, DEFAULT_POOL_IDLE_TIMEOUT};
+use super::{
+    ConfigError, DEFAULT_CONNECT_TIMEOUT, DEFAULT_MAX_PROMPT_BYTES_TOKENIZED,
+    DEFAULT_POOL_IDLE_TIMEOUT, Timeouts,
+};
 #[cfg(doc)]
 use super::{DEFAULT_ADMIN_LISTEN, DEFAULT_LISTEN, ProxyConfig};
 
@@ -20,7 +23,7 @@ pub struct FileConfig {
     /// Proxy listen address; defaults to [`DEFAULT_LISTEN`] (`0.0.0.0:8080`).
     pub listen: Option<SocketAddr>,
     /// Admin listen address (`/health`, `/ready`, `/metrics`, `/debug/state`); defaults to
-    /// [`DEFAULT_ADMIN_LISTEN`] (`0.0.0.0:9090`).
+    /// [`DEFAULT_ADMIN_LISTEN`] (`127.0.0.1:9090`).
     pub admin_listen: Option<SocketAddr>,
     /// Engine endpoints (`url`, `labels`, `kv_events`, `kv_replay`, `model`, `block_size`).
     #[serde(default)]
@@ -59,6 +62,71 @@ pub struct FileConfig {
     /// addresses and OS errors in error bodies (default false: they are only logged).
     #[serde(default)]
     pub expose_internals: bool,
+    /// Phase timeouts of client connections and engine responses.
+    #[serde(default)]
+    pub timeouts: TimeoutsSpec,
+    /// Bearer token the admin routes require (all but `/health` and `/ready`); absent or
+    /// empty: no authentication. `--admin-token` / `KVGATE_ADMIN_TOKEN` take precedence.
+    #[serde(default)]
+    pub admin_token: Option<String>,
+    /// Where the endpoint list comes from besides `endpoints:` (absent: only `endpoints:`):
+    /// `kubernetes: {namespace, pool, kv_events, …}` (an InferencePool and its Ready pods) or
+    /// `file: {path, poll_ms}` (a watched endpoint list). Read at startup.
+    #[serde(default)]
+    pub discovery: Option<kvgate_discovery::DiscoveryConfig>,
+    /// Shorthand for `discovery: { file: { path } }`: a YAML/JSON endpoint list in the
+    /// `endpoints:` shape, re-read every second.
+    #[serde(default)]
+    pub endpoints_file: Option<std::path::PathBuf>,
+}
+
+/// `timeouts:`: how long each phase may take, in milliseconds (each must be greater than
+/// 0; see [`Timeouts`] for what each one ends). The engine's response headers are bounded by
+/// `--upstream-timeout`.
+///
+/// ```yaml
+/// timeouts:
+///   header_read_ms: 30000
+///   body_read_ms: 30000
+///   idle_ms: 60000
+///   stream_idle_ms: 300000
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TimeoutsSpec {
+    /// Request head, from its first byte (default 30000).
+    pub header_read_ms: u64,
+    /// Request body, from the end of the head (default 30000): 408 beyond it.
+    pub body_read_ms: u64,
+    /// A client connection without a request in flight and without traffic (default 60000).
+    pub idle_ms: u64,
+    /// Between two chunks of an engine's response body (default 300000).
+    pub stream_idle_ms: u64,
+}
+
+impl Default for TimeoutsSpec {
+    fn default() -> Self {
+        let d = Timeouts::default();
+        let ms = |t: Duration| t.as_millis() as u64;
+        Self {
+            header_read_ms: ms(d.header_read),
+            body_read_ms: ms(d.body_read),
+            idle_ms: ms(d.idle),
+            stream_idle_ms: ms(d.stream_idle),
+        }
+    }
+}
+
+impl TimeoutsSpec {
+    /// The runtime form (validated by [`ProxyConfig::validate`]).
+    pub fn to_timeouts(&self) -> Timeouts {
+        Timeouts {
+            header_read: Duration::from_millis(self.header_read_ms),
+            body_read: Duration::from_millis(self.body_read_ms),
+            idle: Duration::from_millis(self.idle_ms),
+            stream_idle: Duration::from_millis(self.stream_idle_ms),
+        }
+    }
 }
 
 /// `replica_sync:`: router replicas in front of one fleet tell each other what they
@@ -263,6 +331,9 @@ pub struct TokenizePool {
     /// Precise routing with a local tokenizer tokenizes only the prompt prefix the KV index
     /// can match (default true); see [`ProxyConfig::tokenize_prefix`].
     pub prefix_only: bool,
+    /// Request bodies larger than this (bytes, default 1 MiB; must be greater than 0) are
+    /// routed on load without tokenizing; see [`ProxyConfig::max_prompt_bytes_tokenized`].
+    pub max_prompt_bytes_tokenized: usize,
 }
 
 impl Default for TokenizePool {
@@ -274,6 +345,7 @@ impl Default for TokenizePool {
             max_queue_wait_ms: d.max_queue_wait_ms,
             prefix_cache_max_tokens: d.prefix_cache_max_tokens,
             prefix_only: true,
+            max_prompt_bytes_tokenized: DEFAULT_MAX_PROMPT_BYTES_TOKENIZED,
         }
     }
 }

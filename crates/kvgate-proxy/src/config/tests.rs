@@ -193,3 +193,25 @@ fn out_of_range_settings_name_their_field() {
          upstream.pool_idle_timeout_ms: must be greater than 0"
     );
 }
+
+#[test]
+fn timeouts_and_admin_token_from_yaml() {
+    let yaml = "endpoints:\n  - url: http://a:1\ntimeouts: { body_read_ms: 300, idle_ms: 400 }\nadmin_token: t0k\n";
+    let file = FileConfig::from_yaml(yaml).unwrap();
+    let mut cfg = ProxyConfig::default();
+    cfg.merge_file(&file).unwrap();
+    assert_eq!(cfg.timeouts.body_read, Duration::from_millis(300));
+    assert_eq!(cfg.timeouts.idle, Duration::from_millis(400));
+    assert_eq!(cfg.timeouts.header_read, DEFAULT_HEADER_READ_TIMEOUT);
+    assert_eq!(cfg.timeouts.stream_idle, DEFAULT_STREAM_IDLE_TIMEOUT);
+    assert_eq!(cfg.admin_token.as_deref(), Some("t0k"));
+
+    let zero = FileConfig::from_yaml("timeouts: { stream_idle_ms: 0 }\n").unwrap();
+    let err = ProxyConfig::default()
+        .merge_file(&zero)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("timeouts.stream_idle_ms"), "{err}");
+    let unknown = FileConfig::from_yaml("timeouts: { body_ms: 1 }\n").unwrap_err();
+    assert!(unknown.to_string().contains("body_ms"), "{unknown}");
+}

@@ -32,7 +32,7 @@ impl Proxy {
     /// [`ConfigError`] for no endpoints, a setting out of range ([`ProxyConfig::validate`]),
     /// a bad endpoint, scheduler config or tokenizer.
     pub fn new(config: ProxyConfig, registry: &mut Registry) -> Result<Arc<Proxy>, ConfigError> {
-        if config.endpoints.is_empty() {
+        if config.endpoints.is_empty() && config.discovery.is_none() {
             return Err(ConfigError::NoEndpoints);
         }
         config.validate()?;
@@ -53,7 +53,11 @@ impl Proxy {
         let handles = SchedulerHandles {
             kv_index,
             metrics: schedule_metrics,
-            precise: endpoints.has_kv_events(),
+            precise: endpoints.has_kv_events()
+                || config
+                    .discovery
+                    .as_ref()
+                    .is_some_and(kvgate_discovery::DiscoveryConfig::publishes_kv_events),
         };
         let scheduler = Scheduler::from_config(&config.scheduler, &handles)?;
         let decision_log = match &config.decision_log {

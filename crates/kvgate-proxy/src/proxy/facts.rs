@@ -20,7 +20,7 @@ use kvgate_schedule::{EndpointState, RequestFacts};
 use kvgate_tokenize::{MmItem, PrefixSession, TokenizeError};
 
 use super::Proxy;
-use crate::error::ProxyError;
+use crate::{error::ProxyError, metrics::FallbackLabels};
 
 /// First prefix budget of prefix tokenization, in tokens: about 13 ms of encoding at
 /// ~156k tokens/s, and 128 blocks of 16. Prompts shorter than this are tokenized in full.
@@ -193,6 +193,22 @@ impl Proxy {
             facts = facts.with_lora_adapter(model);
         }
         if self.tokenizer.chain(model).is_none() || !sealed.api().is_parsed() {
+            return Ok((facts, None));
+        }
+        let limit = self.config.max_prompt_bytes_tokenized;
+        if sealed.body().len() > limit {
+            self.metrics
+                .tokenize_fallback
+                .get_or_create(&FallbackLabels {
+                    reason: "prompt_too_large",
+                })
+                .inc();
+            tracing::info!(
+                request_id = %facts.request_id,
+                body_bytes = sealed.body().len(),
+                limit_bytes = limit,
+                "routing on load without tokenizing: prompt too large"
+            );
             return Ok((facts, None));
         }
         if self.config.tokenize_prefix {

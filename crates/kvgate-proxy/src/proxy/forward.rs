@@ -4,7 +4,9 @@
 //! body within `max_body_bytes`, hands the bytes to the pipeline, then sends to each pick
 //! until an engine answers with headers (a connect failure or a reset before any response
 //! byte moves on to the next pick, up to `retries` times), and passes the answer to the
-//! response path.
+//! response path. An engine that answers before it has read a large body (a 413) and closes
+//! has its answer passed on, not taken for a failure (`upload`). The body read is bounded by
+//! `timeouts.body_read` (408).
 
 use std::{sync::Arc, time::Instant};
 
@@ -28,6 +30,8 @@ use crate::{
     error::{Origin, ProxyError},
     metrics::{ApiLabels, EndpointLabels, ErrorLabels},
 };
+
+mod upload;
 
 /// One upstream attempt's failure.
 enum AttemptError {
@@ -151,7 +155,8 @@ impl Proxy {
     }
 
     /// Reads the client's body: 413 beyond `max_body_bytes`, whether declared by
-    /// `content-length` or found while reading.
+    /// `content-length` or found while reading; 408 when it has not all arrived within
+    /// `timeouts.body_read` (a stalled upload or a trickle).
     async fn read_body(&self, headers: &HeaderMap, body: Incoming) -> Result<Bytes, ProxyError> {
         let limit = self.config.max_body_bytes;
         let declared = headers
@@ -161,7 +166,16 @@ impl Proxy {
         if declared.is_some_and(|len| len > limit as u64) {
             return Err(ProxyError::BodyTooLarge { limit });
         }
-        match Limited::new(body, limit).collect().await {
+        let timeout = self.config.timeouts.body_read;
+        let Ok(collected) =
+            tokio::time::timeout(timeout, Limited::new(body, limit).collect()).await
+        else {
+            self.metrics.timed_out("body_read");
+            return Err(ProxyError::BodyTimeout {
+                timeout_ms: timeout.as_millis(),
+            });
+        };
+        match collected {
             Ok(collected) => Ok(collected.to_bytes()),
             Err(e) if e.is::<http_body_util::LengthLimitError>() => {
                 Err(ProxyError::BodyTooLarge { limit })
@@ -249,20 +263,25 @@ impl Proxy {
         let req = upstream_request(ep, method, path, headers, sealed.body().clone())
             .map_err(AttemptError::Fatal)?;
         let timeout = self.config.upstream_timeout;
-        match tokio::time::timeout(timeout, self.client.request(req)).await {
-            Err(_) => Err(AttemptError::Fatal(ProxyError::UpstreamTimeout {
-                endpoint: ep.name().to_owned(),
-                timeout_ms: timeout.as_millis(),
-            })),
-            Ok(Err(e)) => {
-                let mut reason = e.to_string();
-                let mut source = std::error::Error::source(&e);
-                while let Some(s) = source {
-                    reason = format!("{reason}: {s}");
-                    source = s.source();
-                }
-                Err(AttemptError::Retryable(reason))
+        let sent = async {
+            if sealed.body().len() >= upload::DEDICATED_UPLOAD_BYTES {
+                upload::send_dedicated(req, self.config.connect_timeout).await
+            } else {
+                self.client
+                    .request(req)
+                    .await
+                    .map_err(|e| upload::chain(&e))
             }
+        };
+        match tokio::time::timeout(timeout, sent).await {
+            Err(_) => Err(AttemptError::Fatal({
+                self.metrics.timed_out("first_byte");
+                ProxyError::UpstreamTimeout {
+                    endpoint: ep.name().to_owned(),
+                    timeout_ms: timeout.as_millis(),
+                }
+            })),
+            Ok(Err(reason)) => Err(AttemptError::Retryable(reason)),
             Ok(Ok(resp)) => Ok(resp),
         }
     }

@@ -8,23 +8,32 @@
 //! reads the body within its limit, calls [`Proxy::route`], and sends to each pick in turn.
 //! [`Proxy::next_pick`] runs one scheduling cycle over the healthy endpoints not tried yet, so
 //! the picks after the first are the first one's fallbacks, in the scheduler's order.
+//!
+//! The second front door, the Envoy ext_proc server (crate `kvgate-epp`), uses the same two
+//! calls: it hands Envoy the first pick and its [`Pick::fallbacks`], may restrict the
+//! candidates first ([`Routed::restrict_to`], Envoy's subset hint), and feeds the response
+//! phases to the [`Tracker`] of [`Proxy::response_tracker`].
 
 use std::{sync::Arc, time::Instant};
 
 use bytes::Bytes;
-use http::HeaderMap;
+use http::{HeaderMap, StatusCode};
 use kvgate_request::{Api, ParseError, Request, SealedRequest};
 use kvgate_schedule::{
     CycleState, EndpointState, InFlightGuard, RequestFacts, ScheduleError, Scheduler,
 };
 
 use super::{Proxy, facts::PendingPrefix, routes::Route};
-use crate::{decision_log::LogEntry, error::ProxyError};
+use crate::{
+    body::{Realized, Tracker, UsageWatch},
+    decision_log::LogEntry,
+    error::ProxyError,
+};
 
 /// A request ready to be scheduled: its sealed bytes, what the scheduler knows about it, and
 /// the endpoints already picked for it.
 #[derive(Debug)]
-pub(crate) struct Routed {
+pub struct Routed {
     sealed: SealedRequest,
     facts: RequestFacts,
     /// A prefix tokenization to finish after the first pick.
@@ -33,35 +42,47 @@ pub(crate) struct Routed {
     scheduler: Arc<Scheduler>,
     /// Names of the endpoints picked so far, in order.
     tried: Vec<String>,
+    /// When set, only endpoints with these names (`host:port`) are candidates.
+    subset: Option<Vec<String>>,
 }
 
 impl Routed {
     /// The bytes to forward (the client's, with only the model value changed by an alias).
-    pub(crate) fn sealed(&self) -> &SealedRequest {
+    pub fn sealed(&self) -> &SealedRequest {
         &self.sealed
     }
 
     /// Names of the endpoints picked so far, in order.
-    pub(crate) fn tried(&self) -> &[String] {
+    pub fn tried(&self) -> &[String] {
         &self.tried
+    }
+
+    /// Restricts every later pick to endpoints named (`host:port`) in `names`: a gateway's
+    /// subset hint. An empty list leaves no candidate.
+    pub fn restrict_to(&mut self, names: Vec<String>) {
+        self.subset = Some(names);
     }
 }
 
 /// One scheduling decision: the endpoint and what forwarding and the response path need.
 #[derive(Debug)]
-pub(crate) struct Pick {
+pub struct Pick {
     /// Where to send the request.
-    pub(crate) endpoint: Arc<EndpointState>,
+    pub endpoint: Arc<EndpointState>,
+    /// The other candidates of the decision's primary profile run (names, `host:port`), best
+    /// total first: where a gateway retries when the pick fails. The HTTP front door ignores
+    /// them (it schedules again per retry).
+    pub fallbacks: Vec<String>,
     /// Headers the decision adds to the upstream request (e.g. `x-prefiller-host-port`).
-    pub(crate) headers: Vec<(&'static str, String)>,
+    pub headers: Vec<(&'static str, String)>,
     /// In-flight load on the picked endpoint(s), held until the response ends.
-    pub(crate) guards: Vec<InFlightGuard>,
+    pub guards: Vec<InFlightGuard>,
     /// Cached prompt tokens the scheduler predicted for the pick.
-    pub(crate) predicted: Option<u64>,
+    pub predicted: Option<u64>,
     /// The `x-kvgate-scores` value, when `scores_header` is on.
-    pub(crate) scores: Option<String>,
+    pub scores: Option<String>,
     /// The decision log line, written when dropped.
-    pub(crate) log: Option<LogEntry>,
+    pub log: Option<LogEntry>,
 }
 
 impl Proxy {
@@ -74,7 +95,7 @@ impl Proxy {
     ///
     /// A [`Route::ByModel`] request is sealed without tokenizing; see
     /// [`Proxy::seal_by_model`] and [`Proxy::by_model_facts`].
-    pub(crate) async fn route(
+    pub async fn route(
         &self,
         route: &Route,
         body: Bytes,
@@ -97,6 +118,7 @@ impl Proxy {
             pending,
             scheduler: self.scheduler.load_full(),
             tried: Vec::new(),
+            subset: None,
         })
     }
 
@@ -198,22 +220,25 @@ impl Proxy {
         }
     }
 
-    /// Schedules `routed` once over the healthy endpoints it has not been sent to yet and
-    /// records the pick as tried. `None` when no candidate is left.
+    /// Schedules `routed` once over the healthy endpoints it has not been sent to yet (within
+    /// its subset, if restricted) and records the pick as tried. `None` when no candidate is
+    /// left.
     ///
     /// # Errors
     /// [`ProxyError::NoHealthyEndpoint`] when the scheduler fails for another reason than
     /// having no candidate (its message is the detail).
-    pub(crate) fn next_pick(
-        &self,
-        routed: &mut Routed,
-        now: Instant,
-    ) -> Result<Option<Pick>, ProxyError> {
+    pub fn next_pick(&self, routed: &mut Routed, now: Instant) -> Result<Option<Pick>, ProxyError> {
         let candidates: Vec<Arc<EndpointState>> = self
             .registry
             .healthy(now)
             .into_iter()
             .filter(|e| !routed.tried.iter().any(|t| t == e.name()))
+            .filter(|e| {
+                routed
+                    .subset
+                    .as_ref()
+                    .is_none_or(|s| s.iter().any(|n| n == e.name()))
+            })
             .collect();
         if candidates.is_empty() {
             return Ok(None);
@@ -239,12 +264,14 @@ impl Proxy {
             )
         });
         let endpoint = decision.endpoint().clone();
+        let fallbacks = fallbacks(decision.primary(), endpoint.name());
         if let Some(p) = routed.pending.take() {
             self.finish_prefix(p, &endpoint);
         }
         routed.tried.push(endpoint.name().to_owned());
         Ok(Some(Pick {
             endpoint,
+            fallbacks,
             headers: decision.headers().to_vec(),
             guards,
             predicted,
@@ -252,4 +279,59 @@ impl Proxy {
             log,
         }))
     }
+}
+
+impl Proxy {
+    /// The response-path accounting for `pick`, given the engine's response status and
+    /// `content-type`: it holds the pick's in-flight guards and decision-log line, watches
+    /// the body for `usage` (SSE or JSON, by content type) and, for a successful response,
+    /// reports the realized cache hit against the prediction when it is finished. A front
+    /// door that does not stream the body through [`crate::body::StreamBody`] feeds it with
+    /// [`Tracker::first_byte`], the body chunks and [`Tracker::finish_with`]; dropping it
+    /// unfinished (stream aborted) still releases the in-flight load.
+    pub fn response_tracker(&self, pick: Pick, status: StatusCode, content_type: &str) -> Tracker {
+        let Pick {
+            endpoint,
+            guards,
+            predicted,
+            mut log,
+            ..
+        } = pick;
+        if let Some(log) = &mut log {
+            log.status(status.as_u16());
+        }
+        let usage = if content_type.starts_with("text/event-stream") {
+            UsageWatch::sse()
+        } else if content_type.starts_with("application/json") {
+            UsageWatch::json()
+        } else {
+            UsageWatch::None
+        };
+        Tracker {
+            guards,
+            realized: status.is_success().then(|| Realized {
+                registry: self.registry.clone(),
+                endpoint,
+                predicted: predicted.unwrap_or(0),
+            }),
+            usage,
+            log,
+            sse_oversize: Some(self.metrics.sse_oversize.clone()),
+        }
+    }
+}
+
+/// The primary run's candidates other than `picked`, best weighted total first.
+fn fallbacks(run: &kvgate_schedule::ProfileDecision, picked: &str) -> Vec<String> {
+    let mut order: Vec<usize> = (0..run.candidates.len())
+        .filter(|&c| run.candidates[c].name() != picked)
+        .collect();
+    order.sort_by(|&a, &b| {
+        let total = |c: usize| run.totals.get(c).copied().unwrap_or(0.0);
+        total(b).total_cmp(&total(a))
+    });
+    order
+        .into_iter()
+        .map(|c| run.candidates[c].name().to_owned())
+        .collect()
 }

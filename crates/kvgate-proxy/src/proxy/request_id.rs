@@ -16,7 +16,7 @@ const MAX_CLIENT_ID: usize = 128;
 
 /// The client's `x-request-id` when it is 1 to [`MAX_CLIENT_ID`] bytes of printable ASCII
 /// other than `"` and `\` (no space), else a generated one.
-pub(crate) fn request_id(headers: &HeaderMap) -> Arc<str> {
+pub fn request_id(headers: &HeaderMap) -> Arc<str> {
     headers
         .get(REQUEST_ID)
         .and_then(|v| v.to_str().ok())

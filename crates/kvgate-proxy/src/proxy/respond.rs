@@ -11,6 +11,7 @@ use super::{PREDICTED_HEADER, Proxy, REQUEST_ID, SERVED_BY, forward::Sent, pipel
 use crate::{
     body::{ProxyBody, Realized, RequestGuard, StreamBody, Tracker, UsageWatch, full},
     error::ProxyError,
+    metrics::PhaseLabels,
 };
 
 /// Largest non-streamed (JSON) engine body kvgate buffers to restore an aliased model name.
@@ -52,6 +53,14 @@ impl Proxy {
                 },
         } = sent;
         let (mut parts, body) = response.into_parts();
+        let stall = self.config.timeouts.stream_idle;
+        let stalls = self
+            .metrics
+            .timeouts
+            .get_or_create(&PhaseLabels {
+                phase: "stream_idle",
+            })
+            .clone();
         strip_hop_by_hop(&mut parts.headers);
         // kvgate frames the body itself (chunked or content-length, h1 or h2).
         parts.headers.remove(header::TRANSFER_ENCODING);
@@ -119,7 +128,9 @@ impl Proxy {
                         limit_bytes = MAX_REWRITE_BODY,
                         "response too large to restore the model alias; forwarded unchanged"
                     );
-                    let body = StreamBody::new(rest, None, guard, tracker).with_prefix(head);
+                    let body = StreamBody::new(rest, None, guard, tracker)
+                        .with_prefix(head)
+                        .with_stall_timeout(stall, stalls);
                     Ok(Response::from_parts(parts, body.boxed()))
                 }
                 Collected::Failed(e) => {
@@ -133,12 +144,15 @@ impl Proxy {
             Some(asked) if is_sse => {
                 parts.headers.remove(header::CONTENT_LENGTH);
                 let body =
-                    StreamBody::new(body, Some(SseModelRewriter::new(asked)), guard, tracker);
+                    StreamBody::new(body, Some(SseModelRewriter::new(asked)), guard, tracker)
+                        .with_stall_timeout(stall, stalls);
                 Ok(Response::from_parts(parts, body.boxed()))
             }
             _ => Ok(Response::from_parts(
                 parts,
-                StreamBody::new(body, None, guard, tracker).boxed(),
+                StreamBody::new(body, None, guard, tracker)
+                    .with_stall_timeout(stall, stalls)
+                    .boxed(),
             )),
         }
     }

@@ -33,7 +33,7 @@ const BY_MODEL: [&str; 9] = [
 
 /// Where a request goes.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Route {
+pub enum Route {
     /// An inference API: parsed, tokenized and scheduled.
     Inference(Api),
     /// An engine API that carries a `model`: forwarded byte for byte, routed by the model
@@ -52,7 +52,7 @@ pub(crate) enum Route {
 impl Route {
     /// The API of the forwarded body ([`Api::Passthrough`] for every route but
     /// [`Route::Inference`]), for metric labels.
-    pub(crate) fn api(&self) -> Api {
+    pub fn api(&self) -> Api {
         match self {
             Route::Inference(api) => *api,
             _ => Api::Passthrough,
@@ -67,7 +67,7 @@ impl Route {
 
 /// Why a request has no route.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Refusal {
+pub enum Refusal {
     /// No such path.
     NotFound,
     /// The path exists with other methods (the `Allow` value).
@@ -80,7 +80,7 @@ pub(crate) enum Refusal {
 ///
 /// # Errors
 /// [`Refusal`] for an unknown path, a wrong method or a non-JSON content type.
-pub(crate) fn resolve(method: &Method, path: &str, headers: &HeaderMap) -> Result<Route, Refusal> {
+pub fn resolve(method: &Method, path: &str, headers: &HeaderMap) -> Result<Route, Refusal> {
     let trimmed = path
         .strip_suffix('/')
         .filter(|p| !p.is_empty())

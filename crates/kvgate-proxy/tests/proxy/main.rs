@@ -14,10 +14,13 @@ use kvgate_proxy::{
 use kvgate_schedule::RegistryError;
 use tokio::sync::mpsc::error::TryRecvError;
 
+mod early_reject;
 mod faults;
 mod hygiene;
+mod prompt_limit;
 mod streams;
 mod surface;
+mod timeouts;
 
 const CANONICAL: &str = "Qwen/Qwen3-0.6B";
 

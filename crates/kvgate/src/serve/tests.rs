@@ -16,7 +16,7 @@ fn serve_args(flags: &[&str]) -> ServeArgs {
 #[test]
 fn listen_addresses_come_from_flag_then_file_then_default() {
     let addr = |s: &str| s.parse::<SocketAddr>().unwrap();
-    let (proxy_default, admin_default) = (addr("0.0.0.0:8080"), addr("0.0.0.0:9090"));
+    let (proxy_default, admin_default) = (addr("0.0.0.0:8080"), addr("127.0.0.1:9090"));
     // (name, flags, YAML, want proxy, want admin): one source flipped per row.
     let cases: [(&str, &[&str], &str, SocketAddr, SocketAddr); 6] = [
         ("defaults", &[], "{}", proxy_default, admin_default),

@@ -1,0 +1,190 @@
+//! The idle timeout of a client connection: [`IdleIo`] closes a connection that has no
+//! request in flight and has moved no byte in either direction for the timeout (issue #11,
+//! defect 3: idle keep-alive connections and connections that never send were kept forever).
+//! A request in flight (counted by [`InFlight`], from its head until its response body is
+//! dropped) keeps the connection open however long the engine takes; its own phases have
+//! their own timeouts.
+
+use std::{
+    future::Future,
+    io,
+    pin::Pin,
+    sync::{
+        Arc,
+        atomic::{AtomicUsize, Ordering},
+    },
+    task::{Context, Poll},
+    time::Duration,
+};
+
+use prometheus_client::metrics::counter::Counter;
+use tokio::{
+    io::{AsyncRead, AsyncWrite, ReadBuf},
+    time::{Instant, Sleep},
+};
+
+/// The requests in flight on one connection.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct InFlight(Arc<AtomicUsize>);
+
+impl InFlight {
+    /// Counts a request until the returned guard is dropped.
+    pub(crate) fn enter(&self) -> InFlightRequest {
+        self.0.fetch_add(1, Ordering::SeqCst);
+        InFlightRequest(self.0.clone())
+    }
+
+    fn busy(&self) -> bool {
+        self.0.load(Ordering::SeqCst) > 0
+    }
+}
+
+/// One request in flight; dropped with its response body.
+#[derive(Debug)]
+pub(crate) struct InFlightRequest(Arc<AtomicUsize>);
+
+impl Drop for InFlightRequest {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// A client socket that fails its reads with `TimedOut` once it has been idle for
+/// `timeout` (no request in flight, no byte read or written), which makes hyper close it.
+/// Each such close is counted in `timeouts` (`kvgate_timeouts_total{phase="idle"}`).
+#[derive(Debug)]
+pub(crate) struct IdleIo<T> {
+    inner: T,
+    timeout: Duration,
+    deadline: Pin<Box<Sleep>>,
+    in_flight: InFlight,
+    timeouts: Counter,
+}
+
+impl<T> IdleIo<T> {
+    pub(crate) fn new(inner: T, timeout: Duration, in_flight: InFlight, timeouts: Counter) -> Self {
+        Self {
+            inner,
+            timeout,
+            deadline: Box::pin(tokio::time::sleep(timeout)),
+            in_flight,
+            timeouts,
+        }
+    }
+
+    fn touch(&mut self) {
+        self.deadline.as_mut().reset(Instant::now() + self.timeout);
+    }
+
+    /// Whether the connection has been idle too long; registers the wake-up otherwise.
+    fn poll_expired(&mut self, cx: &mut Context<'_>) -> bool {
+        loop {
+            if self.in_flight.busy() {
+                self.touch();
+            }
+            if self.deadline.as_mut().poll(cx).is_pending() {
+                return false;
+            }
+            if !self.in_flight.busy() {
+                return true;
+            }
+        }
+    }
+}
+
+impl<T: AsyncRead + Unpin> AsyncRead for IdleIo<T> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let before = buf.filled().len();
+        match Pin::new(&mut self.inner).poll_read(cx, buf) {
+            Poll::Ready(r) => {
+                if buf.filled().len() > before {
+                    self.touch();
+                }
+                Poll::Ready(r)
+            }
+            Poll::Pending if self.poll_expired(cx) => {
+                self.timeouts.inc();
+                tracing::debug!(
+                    idle_ms = self.timeout.as_millis() as u64,
+                    "closing an idle client connection"
+                );
+                Poll::Ready(Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "client connection idle",
+                )))
+            }
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+impl<T: AsyncWrite + Unpin> AsyncWrite for IdleIo<T> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let r = Pin::new(&mut self.inner).poll_write(cx, buf);
+        if matches!(r, Poll::Ready(Ok(n)) if n > 0) {
+            self.touch();
+        }
+        r
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let r = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
+        if matches!(r, Poll::Ready(Ok(n)) if n > 0) {
+            self.touch();
+        }
+        r
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use tokio::io::{AsyncReadExt, duplex};
+
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn idle_reads_time_out_unless_a_request_is_in_flight() {
+        let (_peer, ours) = duplex(64);
+        let in_flight = InFlight::default();
+        let timeouts = Counter::default();
+        let mut io = IdleIo::new(
+            ours,
+            Duration::from_secs(5),
+            in_flight.clone(),
+            timeouts.clone(),
+        );
+        let request = in_flight.enter();
+        let mut buf = [0u8; 8];
+        // Busy: a read waits past the timeout.
+        let busy = tokio::time::timeout(Duration::from_secs(20), io.read(&mut buf)).await;
+        assert!(busy.is_err(), "a busy connection timed out");
+        drop(request);
+        let err = io.read(&mut buf).await.unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::TimedOut);
+        assert_eq!(timeouts.get(), 1);
+    }
+}

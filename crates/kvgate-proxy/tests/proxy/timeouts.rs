@@ -1,0 +1,159 @@
+//! Defect 3 of issue #11: phase timeouts. Each test waits for the condition with a generous
+//! deadline (10 s) and asserts what happened, never how long it took.
+
+use tokio::{
+    io::{AsyncReadExt, AsyncWriteExt},
+    net::TcpStream,
+};
+
+use super::*;
+
+const DEADLINE: Duration = Duration::from_secs(10);
+
+fn short_timeouts(urls: &[String]) -> ProxyConfig {
+    let mut c = config(urls);
+    c.timeouts.body_read = Duration::from_millis(300);
+    c.timeouts.idle = Duration::from_millis(300);
+    c.timeouts.stream_idle = Duration::from_millis(300);
+    c
+}
+
+/// Reads until the peer closes (or errors), within [`DEADLINE`].
+async fn read_to_close(stream: &mut TcpStream) -> Vec<u8> {
+    let mut out = Vec::new();
+    let read = tokio::time::timeout(DEADLINE, async {
+        let mut buf = [0u8; 4096];
+        loop {
+            match stream.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => out.extend_from_slice(&buf[..n]),
+            }
+        }
+    })
+    .await;
+    assert!(
+        read.is_ok(),
+        "connection still open after {DEADLINE:?}: {}",
+        String::from_utf8_lossy(&out)
+    );
+    out
+}
+
+fn timeouts_of(metrics: &str, phase: &str) -> u64 {
+    let key = format!("kvgate_timeouts_total{{phase=\"{phase}\"}} ");
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(&key)?.parse().ok())
+        .unwrap_or(0)
+}
+
+#[tokio::test]
+async fn a_stalled_upload_gets_408_and_is_closed() {
+    let mut spy = Spy::start(Behavior::Json("{}".into())).await;
+    let proxy = RunningProxy::start(short_timeouts(&[spy.url()])).await;
+    let mut stream = TcpStream::connect(proxy.addr).await.unwrap();
+    let head = "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 1000\r\n\r\n";
+    stream.write_all(head.as_bytes()).await.unwrap();
+    // Half the body, then nothing.
+    stream.write_all(&[b' '; 500]).await.unwrap();
+    let got = String::from_utf8_lossy(&read_to_close(&mut stream).await).into_owned();
+    assert!(got.starts_with("HTTP/1.1 408"), "{got}");
+    assert!(got.contains(r#""code":"body_timeout""#), "{got}");
+    assert_eq!(timeouts_of(&metrics(&proxy).await, "body_read"), 1);
+    assert!(
+        spy.requests.try_recv().is_err(),
+        "the partial body was forwarded"
+    );
+}
+
+#[tokio::test]
+async fn a_trickled_upload_gets_408() {
+    let proxy = RunningProxy::start(short_timeouts(&[format!("http://{}", dead_addr())])).await;
+    let mut stream = TcpStream::connect(proxy.addr).await.unwrap();
+    let head = "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 100000\r\n\r\n";
+    stream.write_all(head.as_bytes()).await.unwrap();
+    // One byte at a time, each after the previous was taken, until kvgate answers.
+    let mut got = Vec::new();
+    let answered = tokio::time::timeout(DEADLINE, async {
+        let mut buf = [0u8; 4096];
+        loop {
+            if stream.write_all(b" ").await.is_err() {
+                break;
+            }
+            tokio::select! {
+                r = stream.read(&mut buf) => match r {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => got.extend_from_slice(&buf[..n]),
+                },
+                () = tokio::time::sleep(Duration::from_millis(50)) => {}
+            }
+        }
+    })
+    .await;
+    assert!(
+        answered.is_ok(),
+        "still reading the trickle after {DEADLINE:?}"
+    );
+    let got = String::from_utf8_lossy(&got);
+    assert!(got.starts_with("HTTP/1.1 408"), "{got}");
+}
+
+#[tokio::test]
+async fn a_connection_that_never_sends_is_closed() {
+    let proxy = RunningProxy::start(short_timeouts(&[format!("http://{}", dead_addr())])).await;
+    let mut silent = TcpStream::connect(proxy.addr).await.unwrap();
+    let got = read_to_close(&mut silent).await;
+    assert!(got.is_empty(), "{}", String::from_utf8_lossy(&got));
+    assert!(timeouts_of(&metrics(&proxy).await, "idle") >= 1);
+}
+
+#[tokio::test]
+async fn an_idle_keep_alive_connection_is_closed_after_its_request() {
+    let spy = Spy::start(Behavior::Json(r#"{"id":"x"}"#.into())).await;
+    let proxy = RunningProxy::start(short_timeouts(&[spy.url()])).await;
+    let mut stream = TcpStream::connect(proxy.addr).await.unwrap();
+    let body = r#"{"model":"m"}"#;
+    let req = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    stream.write_all(req.as_bytes()).await.unwrap();
+    let got = String::from_utf8_lossy(&read_to_close(&mut stream).await).into_owned();
+    assert!(got.starts_with("HTTP/1.1 200"), "{got}");
+    assert!(got.ends_with(r#"{"id":"x"}"#), "{got}");
+}
+
+#[tokio::test]
+async fn an_engine_stalling_between_chunks_ends_the_stream() {
+    let spy = Spy::start(Behavior::Sse {
+        events: vec![r#"{"id":"a","model":"{MODEL}","choices":[]}"#.into(); 2],
+        gap: Duration::from_secs(60),
+    })
+    .await;
+    let proxy = RunningProxy::start(short_timeouts(&[spy.url()])).await;
+    let req = http::Request::post(format!("{}/v1/chat/completions", proxy.url()))
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(r#"{"model":"m","stream":true}"#)))
+        .unwrap();
+    let resp = client().request(req).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    let mut body = resp.into_body();
+    let mut seen = Vec::new();
+    let ended = tokio::time::timeout(DEADLINE, async {
+        loop {
+            match body.frame().await {
+                Some(Ok(frame)) => {
+                    seen.extend_from_slice(frame.data_ref().map_or(&[][..], |d| &d[..]))
+                }
+                Some(Err(_)) => return true,
+                None => return false,
+            }
+        }
+    })
+    .await;
+    assert_eq!(ended, Ok(true), "the stream did not end with an error");
+    let seen = String::from_utf8_lossy(&seen);
+    assert!(seen.contains(r#""id":"a""#), "{seen}");
+    assert!(!seen.contains("[DONE]"), "{seen}");
+    assert_eq!(timeouts_of(&metrics(&proxy).await, "stream_idle"), 1);
+}
