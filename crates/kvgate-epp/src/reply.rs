@@ -46,16 +46,7 @@ impl Mode {
 
 /// The error for a request the path table refuses.
 pub(crate) fn refused(headers: &Headers, refusal: Refusal) -> ProxyError {
-    let (method, path) = (headers.method.clone(), headers.path_only().to_owned());
-    match refusal {
-        Refusal::NotFound => ProxyError::NotFound { method, path },
-        Refusal::MethodNotAllowed(allow) => ProxyError::MethodNotAllowed {
-            method,
-            path,
-            allow,
-        },
-        Refusal::UnsupportedMediaType(sent) => ProxyError::UnsupportedMediaType(sent),
-    }
+    refusal.into_error(headers.method.clone(), headers.path_only().to_owned())
 }
 
 /// Largest body chunk in one streamed body response (Envoy's limit is about 64 KiB).

@@ -289,16 +289,7 @@ impl Proxy {
 
 /// The error for a request the path table refuses.
 fn refused(req: &http::Request<Incoming>, refusal: Refusal) -> ProxyError {
-    let (method, path) = (req.method().to_string(), req.uri().path().to_owned());
-    match refusal {
-        Refusal::NotFound => ProxyError::NotFound { method, path },
-        Refusal::MethodNotAllowed(allow) => ProxyError::MethodNotAllowed {
-            method,
-            path,
-            allow,
-        },
-        Refusal::UnsupportedMediaType(sent) => ProxyError::UnsupportedMediaType(sent),
-    }
+    refusal.into_error(req.method().to_string(), req.uri().path().to_owned())
 }
 
 /// A plain-text answer (`/health` and `/ready`, as on the admin port).

@@ -76,6 +76,23 @@ pub enum Refusal {
     UnsupportedMediaType(String),
 }
 
+impl Refusal {
+    /// The error answered for `method path` (404, 405 with `Allow`, or 415), for every front
+    /// door alike.
+    pub fn into_error(self, method: String, path: String) -> crate::ProxyError {
+        use crate::ProxyError;
+        match self {
+            Refusal::NotFound => ProxyError::NotFound { method, path },
+            Refusal::MethodNotAllowed(allow) => ProxyError::MethodNotAllowed {
+                method,
+                path,
+                allow,
+            },
+            Refusal::UnsupportedMediaType(sent) => ProxyError::UnsupportedMediaType(sent),
+        }
+    }
+}
+
 /// The route of `method path`, checking the method and (for JSON APIs) the content type.
 ///
 /// # Errors
