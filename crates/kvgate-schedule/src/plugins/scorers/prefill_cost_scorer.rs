@@ -43,7 +43,13 @@
 //!   queue behind each other while other engines idle. Copying the prefix to a second engine
 //!   while the sessions are new costs one cold prefill, in parallel with the holder's work; a
 //!   session moved later pays for its whole history. A follow-up whose predicted hit is its own
-//!   history (no request in flight shares it) is never held back.
+//!   history (no request in flight shares it) is never held back. The copy goes only where it
+//!   lands in free KV: a candidate with spare room for the request's uncached tokens beside
+//!   what the engine already holds (its confirmed index holdings, or the KV its requests in
+//!   flight pin if more, plus the prefill in flight there). While such a candidate exists,
+//!   candidates where the copy would evict cached blocks rank after the saturated holder
+//!   too; when none exists the holder is not held back (on a fleet whose engines are each
+//!   full of one hot prefix, a copy would evict another group's prefix to save a queue wait).
 //!
 //! The KV terms matter where prefill time alone misleads. A burst sibling of a request still
 //! prefilling costs `Q + 1` there and about `N` on an idle engine: prefill time calls that
@@ -74,7 +80,8 @@
 //! - `fits_first` (default true): rank candidates where the request does not fit last.
 //! - `demand_spread` (default true) and `demand_slack` (default 1): rank a holder whose
 //!   predicted prefix already serves `ceil(fleet in-flight / candidates) + demand_slack` other
-//!   sequences in flight after the candidates where the request fits and that is not so.
+//!   sequences in flight after the candidates where the request fits and that is not so,
+//!   when one of those has free KV room for it.
 //!
 //! Signals: the router's load counters ([`crate::LoadSnapshot`]), always present; scraped
 //! `waiting` and `running` when fresh; the scraped KV capacity (`vllm:cache_config_info`).
@@ -100,6 +107,7 @@ use crate::error::SchedulerConfigError;
 use crate::framework::{ScoreOutcome, Scorer};
 use crate::load::LoadSnapshot;
 use crate::plugins::{Registration, build};
+use kvgate_kvcache::KvIndex;
 
 /// Parameters of `prefill-cost-scorer`.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -144,6 +152,9 @@ impl Default for PrefillCostScorerConfig {
 #[derive(Debug)]
 pub struct PrefillCostScorer {
     config: PrefillCostScorerConfig,
+    /// The KV index, for each engine's holdings (`demand_spread`'s free room); without it an
+    /// engine holds only what its requests in flight pin.
+    index: Option<KvIndex>,
 }
 
 /// What the cost of one candidate depends on.
@@ -208,7 +219,23 @@ impl PrefillCostScorer {
                 });
             }
         }
-        Ok(PrefillCostScorer { config })
+        Ok(PrefillCostScorer {
+            config,
+            index: None,
+        })
+    }
+
+    /// Builds the scorer over the shared KV index (see [`PrefillCostScorer::new`]).
+    ///
+    /// # Errors
+    /// As [`PrefillCostScorer::new`].
+    pub fn with_index(
+        config: PrefillCostScorerConfig,
+        index: &KvIndex,
+    ) -> Result<PrefillCostScorer, SchedulerConfigError> {
+        let mut s = PrefillCostScorer::new(config)?;
+        s.index = Some(index.clone());
+        Ok(s)
     }
 
     /// The cost of one candidate in tokens (see the module docs); always ≥ 1.
@@ -253,6 +280,7 @@ impl Scorer for PrefillCostScorer {
         let prefix = cycle.prefix_match();
         let mut ties: Vec<TieKey> = Vec::with_capacity(candidates.len());
         let mut tiers: Vec<Tier> = Vec::with_capacity(candidates.len());
+        let mut spare: Vec<bool> = Vec::with_capacity(candidates.len());
         let loads: Vec<LoadSnapshot> = candidates.iter().map(|e| e.load()).collect();
         let share = demand_share(&loads, self.config.demand_slack);
         for ((s, e), load) in scores.iter_mut().zip(candidates).zip(loads) {
@@ -295,15 +323,26 @@ impl Scorer for PrefillCostScorer {
                 unpinned_cached,
             };
             *s = self.cost(&input);
-            tiers.push(if self.config.fits_first && input.overflow() > 0.0 {
+            let tier = if self.config.fits_first && input.overflow() > 0.0 {
                 Tier::Overflows
             } else if saturated {
                 Tier::Saturated
             } else {
                 Tier::Fits
-            });
+            };
+            if self.config.demand_spread && tier == Tier::Fits {
+                let held = self.index.as_ref().map_or(0, |i| i.holdings(e.kv_id())) as u64
+                    * u64::from(e.index_block_size());
+                let occupied =
+                    (held + load.prefill_tokens).max(load.active_kv_tokens + input.unpinned_cached);
+                spare.push(capacity.is_none_or(|k| occupied + input.uncached() <= k));
+            } else {
+                spare.push(false);
+            }
+            tiers.push(tier);
             ties.push((input.uncached(), load.decode_tokens, load.last_pick));
         }
+        spread_to_spare_room(&mut tiers, &spare);
         rank_by_tier(scores, &tiers);
         // Costs within one KV block of the cheapest are ties: engines compute and cache in
         // blocks, so a smaller difference says nothing.
@@ -334,6 +373,9 @@ pub(crate) enum Tier {
     /// The request fits, but the holder already serves its share of other sequences with
     /// the predicted prefix (`demand_spread`).
     Saturated,
+    /// The request fits, but only by evicting cached blocks, while a saturated holder's
+    /// request could be copied to an engine with free room (`demand_spread`).
+    Crowded,
     /// The request's KV does not fit (`fits_first`).
     Overflows,
 }
@@ -346,10 +388,27 @@ fn demand_share(loads: &[LoadSnapshot], slack: u32) -> u64 {
     requests.div_ceil(n) + u64::from(slack)
 }
 
+/// `demand_spread`'s move goes to free KV only: with a saturated holder and a fitting
+/// candidate with spare room, the fitting candidates without it rank after the holder; with
+/// no such candidate the holder is not held back.
+fn spread_to_spare_room(tiers: &mut [Tier], spare: &[bool]) {
+    if !tiers.contains(&Tier::Saturated) {
+        return;
+    }
+    let room = tiers.iter().zip(spare).any(|(t, s)| *t == Tier::Fits && *s);
+    for (t, s) in tiers.iter_mut().zip(spare) {
+        match *t {
+            Tier::Saturated if !room => *t = Tier::Fits,
+            Tier::Fits if room && !*s => *t = Tier::Crowded,
+            _ => {}
+        }
+    }
+}
+
 /// Raises each candidate's cost by the largest cost among the candidates of lower tiers (as
 /// raised), so that it ranks after every one of them (no change when all share one tier).
 fn rank_by_tier(costs: &mut [f64], tiers: &[Tier]) {
-    for tier in [Tier::Saturated, Tier::Overflows] {
+    for tier in [Tier::Saturated, Tier::Crowded, Tier::Overflows] {
         let worst_below = costs
             .iter()
             .zip(tiers)
@@ -368,7 +427,7 @@ pub(crate) const REGISTRATION: Registration = Registration {
     type_name: PrefillCostScorer::TYPE,
     description: "prefers the endpoint where the request costs least in tokens: queued + uncached prefill + its KV + KV beyond capacity; endpoints it does not fit rank last",
     example: "{ new_kv_weight: 1.0, active_kv_weight: 0.0, kv_overflow_weight: 1.0, in_flight_multiplier: false, scraped_queue: true, fits_first: true, demand_spread: true, demand_slack: 1 }",
-    build: |p, _| build(p, PrefillCostScorer::new),
+    build: |p, h| build(p, |c| PrefillCostScorer::with_index(c, h.kv_index)),
 };
 
 #[cfg(test)]

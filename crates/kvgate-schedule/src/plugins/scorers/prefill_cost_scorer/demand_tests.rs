@@ -3,7 +3,10 @@
 
 use std::sync::Arc;
 
-use kvgate_kvcache::{BlockKey, BlockKeys, EndpointId};
+use kvgate_kvcache::{
+    BlockKey, BlockKeys, BlockStored, EndpointId, EndpointKey, EndpointSpec, IndexConfig, KvEvent,
+    KvIndex, KvMetrics,
+};
 
 use super::tests::facts_with_prompt;
 use super::*;
@@ -23,12 +26,22 @@ enum Sharers {
 }
 
 /// Two candidates, a 1,000-token prompt (62 full blocks of 16): `hot` predicts 896 cached
-/// tokens (56 blocks) and runs the requests in `sharers`; `cold` predicts nothing and runs
-/// `cold_busy` unrelated requests. Each row flips one condition against the first two.
+/// tokens (56 blocks) and runs the requests in `sharers`; `cold` predicts nothing, runs
+/// `cold_busy` unrelated requests and holds `cold_held` blocks of other prefixes (the index's
+/// confirmed holdings). Each row flips one condition against the first two.
 #[test]
 fn a_holder_over_its_share_of_a_prefix_ranks_after_a_free_engine() {
-    type Row = (&'static str, Sharers, usize, u32, bool, u64, &'static str);
-    let rows: [Row; 7] = [
+    type Row = (
+        &'static str,
+        Sharers,
+        usize,
+        u32,
+        bool,
+        u64,
+        u64,
+        &'static str,
+    );
+    let rows: [Row; 9] = [
         (
             "one other session: share 1 + 1 not reached",
             Sharers::Distinct(1),
@@ -36,6 +49,7 @@ fn a_holder_over_its_share_of_a_prefix_ranks_after_a_free_engine() {
             1,
             true,
             1000,
+            0,
             "hot:1",
         ),
         (
@@ -45,6 +59,7 @@ fn a_holder_over_its_share_of_a_prefix_ranks_after_a_free_engine() {
             1,
             true,
             1000,
+            0,
             "cold:1",
         ),
         (
@@ -54,6 +69,7 @@ fn a_holder_over_its_share_of_a_prefix_ranks_after_a_free_engine() {
             1,
             true,
             1000,
+            0,
             "hot:1",
         ),
         (
@@ -63,6 +79,7 @@ fn a_holder_over_its_share_of_a_prefix_ranks_after_a_free_engine() {
             1,
             false,
             1000,
+            0,
             "hot:1",
         ),
         (
@@ -72,6 +89,7 @@ fn a_holder_over_its_share_of_a_prefix_ranks_after_a_free_engine() {
             2,
             true,
             1000,
+            0,
             "hot:1",
         ),
         (
@@ -81,6 +99,7 @@ fn a_holder_over_its_share_of_a_prefix_ranks_after_a_free_engine() {
             1,
             true,
             1000,
+            0,
             "hot:1",
         ),
         (
@@ -90,16 +109,43 @@ fn a_holder_over_its_share_of_a_prefix_ranks_after_a_free_engine() {
             1,
             true,
             10,
+            0,
             "hot:1",
+        ),
+        (
+            "cold is full of other cached blocks: a copy would evict them",
+            Sharers::Distinct(2),
+            0,
+            1,
+            true,
+            1000,
+            960,
+            "hot:1",
+        ),
+        (
+            "cold holds other blocks but has room for the copy",
+            Sharers::Distinct(2),
+            0,
+            1,
+            true,
+            1000,
+            900,
+            "cold:1",
         ),
     ];
     let picker = MaxScorePicker::new(MaxScorePickerConfig::default()).unwrap();
-    for (name, sharers, cold_busy, demand_slack, demand_spread, cold_blocks, want) in rows {
-        let s = PrefillCostScorer::new(PrefillCostScorerConfig {
-            demand_spread,
-            demand_slack,
-            ..PrefillCostScorerConfig::default()
-        })
+    for (name, sharers, cold_busy, demand_slack, demand_spread, cold_blocks, cold_held, want) in
+        rows
+    {
+        let index = index_holding(cold_held);
+        let s = PrefillCostScorer::with_index(
+            PrefillCostScorerConfig {
+                demand_spread,
+                demand_slack,
+                ..PrefillCostScorerConfig::default()
+            },
+            &index,
+        )
         .unwrap();
         let eps = [
             ep("hot:1").kv_id(1, true).capacity(1000, 16),
@@ -139,6 +185,69 @@ fn a_holder_over_its_share_of_a_prefix_ranks_after_a_free_engine() {
         s.score(&mut cycle, &refs, &mut out);
         let picked = picker.pick(&mut cycle, &out).map(|i| refs[i].name());
         assert_eq!(picked, Some(want), "{name}: scores {out:?}");
+    }
+}
+
+/// An index where endpoint 2 (`cold`) holds `blocks` blocks of a prefix nobody asks for.
+fn index_holding(blocks: u64) -> KvIndex {
+    let index = KvIndex::new(IndexConfig::default(), KvMetrics::unregistered());
+    for a in ["unused:1", "hot:1", "cold:1"] {
+        index.register_endpoint(EndpointSpec {
+            key: EndpointKey::new(a, 0),
+            model: "m".into(),
+            block_size: 16,
+            capacity_blocks: None,
+        });
+    }
+    if blocks > 0 {
+        let stored = KvEvent::BlockStored(BlockStored {
+            block_hashes: (1_000_000..1_000_000 + blocks).map(Into::into).collect(),
+            token_ids: (0..blocks as u32 * 16).map(|t| 100_000 + t).collect(),
+            block_size: 16,
+            ..BlockStored::default()
+        });
+        index.apply_event(EndpointId(2), &stored);
+    }
+    assert_eq!(index.holdings(EndpointId(2)), blocks as usize);
+    index
+}
+
+/// The tiers `demand_spread` ends with: a saturated holder ranks after the fitting
+/// candidates only when one of them has free room; those without it then rank after the
+/// holder. Each row flips one condition.
+#[test]
+fn a_saturated_holder_yields_only_to_free_room() {
+    use Tier::{Crowded, Fits, Overflows, Saturated};
+    type Row = (&'static str, Vec<Tier>, Vec<bool>, Vec<Tier>);
+    let rows: Vec<Row> = vec![
+        (
+            "no saturated holder: nothing changes",
+            vec![Fits, Fits, Overflows],
+            vec![true, false, false],
+            vec![Fits, Fits, Overflows],
+        ),
+        (
+            "a free engine: the holder yields, the full engine ranks after it",
+            vec![Saturated, Fits, Fits],
+            vec![false, true, false],
+            vec![Saturated, Fits, Crowded],
+        ),
+        (
+            "no free engine: the holder is not held back",
+            vec![Saturated, Fits, Fits],
+            vec![false, false, false],
+            vec![Fits, Fits, Fits],
+        ),
+        (
+            "room only where the request overflows does not count",
+            vec![Saturated, Overflows],
+            vec![false, true],
+            vec![Fits, Overflows],
+        ),
+    ];
+    for (name, mut tiers, spare, want) in rows {
+        spread_to_spare_room(&mut tiers, &spare);
+        assert_eq!(tiers, want, "{name}");
     }
 }
 
