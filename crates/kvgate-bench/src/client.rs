@@ -91,24 +91,27 @@ impl LoadClient {
     /// POSTs `body` as JSON to `uri` and measures the response (SSE or not).
     /// Failures are recorded in the returned record, never returned as errors.
     pub async fn send(&self, uri: &Uri, body: Bytes, collect_text: bool) -> Exchange {
-        self.send_signalling(uri, body, collect_text, None).await
+        self.send_signalling(uri, body, collect_text, None, None)
+            .await
     }
 
     /// [`LoadClient::send`] that also signals `head` as soon as the response head
-    /// arrived or the request failed (it is dropped on a timeout).
+    /// arrived or the request failed (it is dropped on a timeout), and sends `request_id`
+    /// as `x-request-id` (a router's logs then name the workload's request).
     pub(crate) async fn send_signalling(
         &self,
         uri: &Uri,
         body: Bytes,
         collect_text: bool,
         head: Option<oneshot::Sender<()>>,
+        request_id: Option<HeaderValue>,
     ) -> Exchange {
         let mut exchange = Exchange {
             text: collect_text.then(String::new),
             ..Exchange::default()
         };
         let t0 = Instant::now();
-        let run = self.exchange(uri, body, t0, &mut exchange, head);
+        let run = self.exchange(uri, body, t0, &mut exchange, head, request_id);
         if tokio::time::timeout(self.timeout, run).await.is_err() {
             exchange.record.error = Some(ErrorKind::Timeout);
         }
@@ -123,6 +126,7 @@ impl LoadClient {
         t0: Instant,
         out: &mut Exchange,
         head: Option<oneshot::Sender<()>>,
+        request_id: Option<HeaderValue>,
     ) {
         let rec = &mut out.record;
         let mut req = Request::new(Full::new(body));
@@ -135,6 +139,9 @@ impl LoadClient {
         );
         if let Some(auth) = &self.auth {
             headers.insert(header::AUTHORIZATION, auth.clone());
+        }
+        if let Some(id) = request_id {
+            headers.insert(http::HeaderName::from_static("x-request-id"), id);
         }
         let sent = self.inner.request(req).await;
         if let Some(head) = head {

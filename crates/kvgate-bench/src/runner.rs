@@ -303,7 +303,7 @@ impl Ctx {
         let start_ms = self.start.elapsed().as_secs_f64() * 1000.0;
         let exchange = self
             .client
-            .send_signalling(uri, body, chat.is_some(), head)
+            .send_signalling(uri, body, chat.is_some(), head, Some(request_id(index)))
             .await;
         if chat.is_some() {
             let answer = exchange.text.as_deref().filter(|_| exchange.record.is_ok());
@@ -387,6 +387,13 @@ fn progress_bar(total: u64, name: &str, visible: bool) -> ProgressBar {
     bar.set_style(style);
     bar.set_prefix(name.to_owned());
     bar
+}
+
+/// The `x-request-id` of the workload's request `index` (`bench-INDEX`): a router's decision
+/// log and the bench's records then join on it.
+fn request_id(index: usize) -> http::HeaderValue {
+    http::HeaderValue::try_from(format!("bench-{index}"))
+        .unwrap_or_else(|_| http::HeaderValue::from_static("bench"))
 }
 
 #[cfg(test)]
