@@ -13,11 +13,13 @@ use kvgate_schedule::{EndpointConfig, RegistryConfig, SchedulerConfig};
 use kvgate_tokenize::{ModelTokenizerConfig, TokenizeConfig};
 
 mod file;
+mod tokenizer;
 
 pub use self::file::{
     FileConfig, KvIndexSpec, ModelConfig, ReplicaSyncSpec, TierWeightsSpec, TimeoutsSpec,
     TokenizePool, TokenizerSpec, UpstreamSpec,
 };
+pub use self::tokenizer::{ChainChoice, choose_chain};
 
 /// Proxy listen address when neither `--listen` nor `listen` sets one: `0.0.0.0:8080`.
 pub const DEFAULT_LISTEN: SocketAddr = SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 8080);
@@ -85,7 +87,7 @@ pub enum ConfigError {
     /// The YAML did not parse into the config shape; the message names the line.
     #[error("config: {0}")]
     Yaml(String),
-    /// The endpoint list is invalid (bad URL, duplicate, `kv_events` without `model`).
+    /// The endpoint list is invalid (bad URL, duplicate, zero block size).
     #[error(transparent)]
     Endpoints(#[from] kvgate_schedule::RegistryError),
     /// The scheduler config is invalid; the message names each line at fault.
@@ -118,6 +120,9 @@ pub enum ConfigError {
     /// An `ALIAS=MODEL` flag without `=`.
     #[error("alias flag `{0}` must be ALIAS=MODEL")]
     BadAliasFlag(String),
+    /// A `--render MODEL=URL` flag without `=`.
+    #[error("render flag `{0}` must be MODEL=URL")]
+    BadRenderFlag(String),
     /// No endpoint configured.
     #[error("no endpoints configured: pass --endpoint URL or list endpoints in the config file")]
     NoEndpoints,
@@ -409,7 +414,32 @@ impl ProxyConfig {
         }
     }
 
-    /// Parses an `--endpoint` flag: `URL[,kv=tcp://…][,replay=tcp://…][,model=NAME][,label=K=V…]`.
+    /// Points `model`'s render backend at `url` (`--render MODEL=URL`, a dedicated render
+    /// server), after a local tokenizer named for it, if any.
+    ///
+    /// # Errors
+    /// [`ConfigError::BadRenderFlag`] when the flag is not `MODEL=URL`.
+    pub fn add_render_flag(&mut self, flag: &str) -> Result<(), ConfigError> {
+        let (model, url) = flag
+            .split_once('=')
+            .filter(|(m, u)| !m.is_empty() && !u.is_empty())
+            .ok_or_else(|| ConfigError::BadRenderFlag(flag.to_owned()))?;
+        match self.tokenize.models.iter_mut().find(|m| m.model == model) {
+            Some(m) => m.render_url = Some(url.to_owned()),
+            None => {
+                let mut m = ModelTokenizerConfig::new(model);
+                m.render_url = Some(url.to_owned());
+                self.tokenize.models.push(m);
+            }
+        }
+        if !self.models.iter().any(|n| n == model) {
+            self.models.push(model.to_owned());
+        }
+        Ok(())
+    }
+
+    /// Parses an `--endpoint` flag:
+    /// `URL[,kv=tcp://…][,replay=tcp://…][,model=NAME][,block_size=N][,label=K=V…]`.
     ///
     /// # Errors
     /// [`ConfigError::BadEndpointFlag`] for an unknown or malformed option.
@@ -432,13 +462,23 @@ impl ProxyConfig {
                 "kv" => ep.kv_events = Some(value.to_owned()),
                 "replay" => ep.kv_replay = Some(value.to_owned()),
                 "model" => ep.model = Some(value.to_owned()),
+                "block_size" => {
+                    let n = value
+                        .parse::<u32>()
+                        .ok()
+                        .filter(|n| *n > 0)
+                        .ok_or_else(|| bad("block_size must be a whole number above 0"))?;
+                    ep.block_size = Some(n);
+                }
                 "label" => {
                     let (k, v) = value
                         .split_once('=')
                         .ok_or_else(|| bad("label is label=KEY=VALUE"))?;
                     ep.labels.insert(k.to_owned(), v.to_owned());
                 }
-                _ => return Err(bad("unknown option (kv, replay, model, label)")),
+                _ => {
+                    return Err(bad("unknown option (kv, replay, model, block_size, label)"));
+                }
             }
         }
         self.endpoints.push(ep);

@@ -1,11 +1,20 @@
-//! Model discovery (`GET /v1/models` on each endpoint), the pool-wide model list and the
-//! one-model lookup behind `GET /v1/models/{id}`.
+//! Model discovery (`GET /v1/models` on each endpoint, and `vllm:cache_config_info` from its
+//! `/metrics`), the pool-wide model list and the one-model lookup behind
+//! `GET /v1/models/{id}`.
+//!
+//! Each pass hands what the engine said about itself to the registry
+//! ([`kvgate_schedule::EndpointRegistry::apply_discovered`]: an endpoint with KV events and no
+//! configured model gets its model, an unconfigured block size the engine's), then decides
+//! the tokenizer chain of every model seen for the first time
+//! ([`crate::config::choose_chain`]) and logs one line for it.
 
 use std::{
     collections::HashMap,
     sync::{Arc, PoisonError},
     time::{Duration, Instant},
 };
+
+use kvgate_schedule::EngineMetrics;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
@@ -68,18 +77,131 @@ impl Proxy {
         let models = tokio::time::timeout(timeout, fetch)
             .await
             .map_err(|_| DiscoveryError::Timeout)??;
-        ep.set_served_models(models.iter().filter_map(|m| {
-            Some(ServedModel {
-                id: m.get("id")?.as_str()?.to_owned(),
-                // vLLM lists LoRA adapters with `parent` set to the base model.
-                parent: m.get("parent").and_then(Value::as_str).map(str::to_owned),
+        let served: Vec<ServedModel> = models
+            .iter()
+            .filter_map(|m| {
+                Some(ServedModel {
+                    id: m.get("id")?.as_str()?.to_owned(),
+                    // vLLM lists LoRA adapters with `parent` set to the base model.
+                    parent: m.get("parent").and_then(Value::as_str).map(str::to_owned),
+                })
             })
-        }));
+            .collect();
+        let max_model_len = models
+            .iter()
+            .filter_map(|m| m.get("max_model_len").and_then(Value::as_u64))
+            .max();
+        ep.set_served_models(served.iter().cloned());
         self.model_objects
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .insert(ep.name().to_owned(), Arc::new(models));
+        let metrics = match ep.metrics_snapshot() {
+            Some(s) => Some(s.metrics.clone()),
+            None => self.fetch_metrics(ep, timeout).await,
+        };
+        self.registry
+            .apply_discovered(ep.url(), Some(served), max_model_len, metrics.as_ref());
         Ok(())
+    }
+
+    /// One `/metrics` read of `ep` (for `vllm:cache_config_info`); `None` on any failure.
+    async fn fetch_metrics(&self, ep: &EndpointState, timeout: Duration) -> Option<EngineMetrics> {
+        let uri = ep.uri_for(&self.config.engines.metrics_path).ok()?;
+        let req = http::Request::get(uri)
+            .header(http::header::HOST, ep.authority().as_str())
+            .body(Full::new(Bytes::new()))
+            .ok()?;
+        let fetch = async {
+            let resp = self.client.request(req).await.ok()?;
+            if !resp.status().is_success() {
+                return None;
+            }
+            let body = Limited::new(resp.into_body(), MAX_MODELS_BODY)
+                .collect()
+                .await
+                .ok()?
+                .to_bytes();
+            Some(EngineMetrics::from_text(std::str::from_utf8(&body).ok()?))
+        };
+        tokio::time::timeout(timeout, fetch).await.ok().flatten()
+    }
+
+    /// Decides the tokenizer chain of every model not decided yet: those the config names
+    /// and those the endpoints serve (see [`crate::config::choose_chain`]), logging one line
+    /// per model. A model with no named chain whose endpoints' model lists are not all read
+    /// yet is left for a later pass.
+    pub(crate) fn decide_chains(&self) {
+        let mut decided = self
+            .chains_decided
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let endpoints = self.registry.endpoints();
+        let mut models: Vec<(String, Option<String>)> = Vec::new();
+        let mut push = |id: &str, parent: Option<&str>| {
+            if !models.iter().any(|(m, _)| m == id) {
+                models.push((id.to_owned(), parent.map(str::to_owned)));
+            }
+        };
+        for m in &self.config.models {
+            push(m, None);
+        }
+        for ep in endpoints.iter() {
+            for m in ep.served_models().iter().flat_map(|s| s.iter()) {
+                push(&m.id, m.parent.as_deref());
+            }
+        }
+        let lists_pending = endpoints.iter().any(|e| e.served_models().is_none());
+        for (model, parent) in models {
+            if decided.contains(&model) {
+                continue;
+            }
+            let named = self.named_chain(&model, parent.as_deref());
+            let kv_endpoint = endpoints
+                .iter()
+                .find(|e| e.has_kv_events() && e.serves(&model) == Some(true))
+                .map(|e| e.url().to_owned());
+            if named.is_none() && kv_endpoint.is_none() && lists_pending {
+                continue;
+            }
+            let choice =
+                crate::config::choose_chain(&model, named.as_ref(), kv_endpoint.as_deref());
+            if let Some(cfg) = &choice.config
+                && let Err(e) = self.tokenizer.add_model(cfg)
+            {
+                tracing::warn!(model = %model, error = %e, "tokenizer chain not built");
+                continue;
+            }
+            tracing::info!(model = %model, chain = %choice.describe(), reason = %choice.reason, "{}", choice.line());
+            decided.insert(model);
+        }
+    }
+
+    /// The chain named for `model` (flag or YAML), or for a LoRA adapter its base model's.
+    fn named_chain(
+        &self,
+        model: &str,
+        parent: Option<&str>,
+    ) -> Option<kvgate_tokenize::ModelTokenizerConfig> {
+        let named = |name: &str| {
+            self.config
+                .tokenize
+                .models
+                .iter()
+                .find(|c| c.model == name)
+                .cloned()
+        };
+        named(model).or_else(|| {
+            let mut c = named(parent?)?;
+            c.model = model.to_owned();
+            Some(c)
+        })
+    }
+
+    /// Refreshes every endpoint's model list and engine facts once, and decides the chains
+    /// of the models found (what the discovery loop does on each tick).
+    pub async fn refresh_models(&self) {
+        self.discover_all(Duration::from_secs(2)).await;
     }
 
     /// Refreshes every endpoint's model list concurrently.
@@ -97,6 +219,7 @@ impl Proxy {
             }
         });
         futures_util::future::join_all(tasks).await;
+        self.decide_chains();
     }
 
     /// Refreshes model lists forever at the configured interval.

@@ -21,7 +21,7 @@
 //! discovery, replica sync without the HTTP proxy listener).
 
 use std::{
-    collections::HashMap,
+    collections::{HashMap, HashSet},
     sync::{Arc, Mutex},
     time::Instant,
 };
@@ -71,11 +71,13 @@ pub struct Proxy {
     pub(crate) registry: Arc<EndpointRegistry>,
     scheduler: ArcSwap<Scheduler>,
     handles: SchedulerHandles,
-    tokenizer: TokenizeService,
+    pub(crate) tokenizer: TokenizeService,
     pub(crate) client: Client<HttpConnector, Full<Bytes>>,
     pub(crate) metrics: ProxyMetrics,
     /// Each endpoint's `/v1/models` objects, by endpoint name.
     pub(crate) model_objects: Mutex<HashMap<String, Arc<Vec<serde_json::Value>>>>,
+    /// Models whose tokenizer chain is decided (and its line logged).
+    pub(crate) chains_decided: Mutex<HashSet<String>>,
     decision_log: Option<DecisionLog>,
     cancel: CancellationToken,
     /// Registered when `replica_sync` is configured.

@@ -14,7 +14,7 @@
 //! | running requests | `vllm:num_requests_running` | `sglang:num_running_reqs` |
 //! | KV usage (0–1) | `vllm:kv_cache_usage_perc` (legacy `vllm:gpu_cache_usage_perc`) | `sglang:token_usage` |
 //! | LoRA adapters | `vllm:lora_requests_info` labels `running_lora_adapters`, `waiting_lora_adapters`, `max_lora` (series with the newest value wins) | – |
-//! | block size / blocks | `vllm:cache_config_info` labels `block_size`, `num_gpu_blocks` | `sglang:cache_config_info` labels `page_size`, `num_pages` |
+//! | block size / blocks / hash | `vllm:cache_config_info` labels `block_size`, `num_gpu_blocks`, `prefix_caching_hash_algo` | `sglang:cache_config_info` labels `page_size`, `num_pages` |
 //!
 //! Several series of one gauge (per DP `engine` or `model_name`) are summed for request counts
 //! and maxed for KV usage.
@@ -225,6 +225,9 @@ pub struct EngineMetrics {
     pub block_size: Option<u32>,
     /// Engine GPU blocks (pages).
     pub num_blocks: Option<u64>,
+    /// The engine's prefix-caching block hash (`prefix_caching_hash_algo` of
+    /// `vllm:cache_config_info`, e.g. `sha256_cbor`).
+    pub hash_algo: Option<String>,
     /// Lines that could not be parsed.
     pub malformed_lines: usize,
 }
@@ -294,6 +297,12 @@ impl EngineMetrics {
                     m.num_blocks = m
                         .num_blocks
                         .or(s.label("num_gpu_blocks").and_then(parse_u64));
+                    if m.hash_algo.is_none() {
+                        m.hash_algo = s
+                            .label("prefix_caching_hash_algo")
+                            .filter(|a| !a.is_empty())
+                            .map(str::to_owned);
+                    }
                 }
                 "sglang:cache_config_info" => {
                     m.block_size = m.block_size.or(s.label("page_size").and_then(parse_u32));
@@ -404,7 +413,7 @@ vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.25
 vllm:kv_cache_usage_perc{engine="1",model_name="m"} 0.5
 vllm:lora_requests_info{max_lora="2",running_lora_adapters="a,b",waiting_lora_adapters=""} 1.7e9
 vllm:lora_requests_info{max_lora="2",running_lora_adapters="old",waiting_lora_adapters="x"} 1.6e9
-vllm:cache_config_info{block_size="16",cache_dtype="auto",engine="0",num_gpu_blocks="1000"} 1.0
+vllm:cache_config_info{block_size="16",cache_dtype="auto",engine="0",num_gpu_blocks="1000",prefix_caching_hash_algo="sha256_cbor"} 1.0
 "#;
 
     #[test]
@@ -423,6 +432,7 @@ vllm:cache_config_info{block_size="16",cache_dtype="auto",engine="0",num_gpu_blo
             })
         );
         assert_eq!((m.block_size, m.num_blocks), (Some(16), Some(1000)));
+        assert_eq!(m.hash_algo.as_deref(), Some("sha256_cbor"));
     }
 
     #[test]

@@ -6,6 +6,15 @@
 //! requests: endpoints whose URL (and KV settings) are unchanged keep their state object,
 //! counters and scrape task; new ones are registered and scraped; removed ones stop scraping and
 //! drop their KV holdings, while requests still holding their guards finish normally.
+//!
+//! What an engine says about itself ([`EndpointRegistry::apply_discovered`]: served models,
+//! `max_model_len`, `vllm:cache_config_info`) fills what the endpoint's config leaves out (a
+//! flag or YAML value wins; a contradiction is logged once and counted in
+//! `kvgate_endpoint_config_conflicts_total{endpoint,field}`). An endpoint with `kv_events` and
+//! no `model` is accepted: until its model is discovered it is not subscribed and scores as an
+//! endpoint without KV events (no precise holdings: events keyed by an unknown model could only
+//! mismatch, and held events would be an unbounded buffer; with a replay socket the state is
+//! replayed once subscribed).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -22,6 +31,8 @@ use crate::endpoint::{BadUrl, EndpointInit, EndpointState, HealthPolicy, split_u
 use crate::metrics::ScheduleMetrics;
 use crate::scrape::{ScrapeClient, ScrapeTask, client};
 
+use self::discovered::{ConflictMetrics, Discovered, Effective};
+
 /// One engine endpoint in the config.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -37,11 +48,12 @@ pub struct EndpointConfig {
     /// KV-event replay ROUTER endpoint, e.g. `tcp://10.0.0.1:5558`.
     #[serde(default)]
     pub kv_replay: Option<String>,
-    /// Base model the engine serves; required with `kv_events` (events without a LoRA name
-    /// are keyed by it).
+    /// Base model the engine serves (events without a LoRA name are keyed by it); when
+    /// unset, the engine's `/v1/models` names it.
     #[serde(default)]
     pub model: Option<String>,
-    /// Router block size for this endpoint's index entries (default: the registry's).
+    /// Router block size for this endpoint's index entries (default: the engine's
+    /// `vllm:cache_config_info` block size, else the registry's).
     #[serde(default)]
     pub block_size: Option<u32>,
 }
@@ -59,18 +71,8 @@ impl EndpointConfig {
         }
     }
 
-    fn same_kv_settings(&self, other: &EndpointConfig) -> bool {
-        (
-            &self.kv_events,
-            &self.kv_replay,
-            &self.model,
-            self.block_size,
-        ) == (
-            &other.kv_events,
-            &other.kv_replay,
-            &other.model,
-            other.block_size,
-        )
+    fn same_kv_sockets(&self, other: &EndpointConfig) -> bool {
+        (&self.kv_events, &self.kv_replay) == (&other.kv_events, &other.kv_replay)
     }
 }
 
@@ -123,7 +125,8 @@ pub enum RegistryError {
     /// Two endpoints share a URL.
     #[error("endpoint `{0}` is listed twice")]
     DuplicateUrl(String),
-    /// An endpoint has `kv_events` but no `model`.
+    /// An endpoint has `kv_events` but no `model` (no longer returned: the model comes from
+    /// the engine's `/v1/models`; kept for callers that match on it).
     #[error("endpoint `{0}`: kv_events needs `model` (the base model the engine serves)")]
     MissingModel(String),
     /// A block size of 0.
@@ -157,6 +160,7 @@ pub struct RegistryHandles {
 struct Entry {
     endpoint: Arc<EndpointState>,
     config: EndpointConfig,
+    effective: Effective,
     scrape: CancellationToken,
 }
 
@@ -187,6 +191,9 @@ pub struct EndpointRegistry {
     current: ArcSwap<Vec<Arc<EndpointState>>>,
     sweep: CancellationToken,
     load_sink: std::sync::OnceLock<Arc<dyn crate::LoadSink>>,
+    /// What each engine reported, by endpoint URL (kept across reloads).
+    discovered: Mutex<HashMap<String, Discovered>>,
+    conflicts: ConflictMetrics,
 }
 
 impl EndpointRegistry {
@@ -219,6 +226,8 @@ impl EndpointRegistry {
             current: ArcSwap::from_pointee(Vec::new()),
             sweep,
             load_sink: std::sync::OnceLock::new(),
+            discovered: Mutex::new(HashMap::new()),
+            conflicts: ConflictMetrics::default(),
         })
     }
 
@@ -306,8 +315,7 @@ impl EndpointRegistry {
     /// nothing changes.
     ///
     /// # Errors
-    /// [`RegistryError`] for a bad URL, a duplicate, `kv_events` without `model`, or a zero
-    /// block size.
+    /// [`RegistryError`] for a bad URL, a duplicate or a zero block size.
     pub fn reconcile(&self, configs: &[EndpointConfig]) -> Result<ReconcileReport, RegistryError> {
         let mut seen = std::collections::HashSet::new();
         for c in configs {
@@ -315,20 +323,23 @@ impl EndpointRegistry {
             if !seen.insert(c.url.as_str()) {
                 return Err(RegistryError::DuplicateUrl(c.url.clone()));
             }
-            if c.kv_events.is_some() && c.model.is_none() {
-                return Err(RegistryError::MissingModel(c.url.clone()));
-            }
             if c.block_size == Some(0) || self.config.block_size == 0 {
                 return Err(RegistryError::ZeroBlockSize(c.url.clone()));
             }
         }
         let mut entries = self.entries.lock().unwrap_or_else(PoisonError::into_inner);
+        let discovered = self
+            .discovered
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
         let mut report = ReconcileReport::default();
         let mut next: HashMap<String, Entry> = HashMap::new();
         let mut order = Vec::with_capacity(configs.len());
         for c in configs {
+            let eff = self.effective(c, discovered.get(&c.url));
             let entry = match entries.remove(&c.url) {
-                Some(old) if old.config.same_kv_settings(c) => {
+                Some(old) if old.config.same_kv_sockets(c) && old.effective == eff => {
                     old.endpoint.set_labels(c.labels.clone());
                     report.kept.push(c.url.clone());
                     Entry {
@@ -341,7 +352,7 @@ impl EndpointRegistry {
                         self.retire(old);
                     }
                     report.added.push(c.url.clone());
-                    self.start(c)?
+                    self.start(c, eff, discovered.get(&c.url))?
                 }
             };
             order.push(Arc::clone(&entry.endpoint));
@@ -351,6 +362,10 @@ impl EndpointRegistry {
             report.removed.push(url);
             self.retire(old);
         }
+        self.discovered
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .retain(|url, _| next.contains_key(url));
         *entries = next;
         self.current.store(Arc::new(order));
         tracing::info!(
@@ -362,16 +377,28 @@ impl EndpointRegistry {
         Ok(report)
     }
 
-    fn start(&self, c: &EndpointConfig) -> Result<Entry, RegistryError> {
+    fn start(
+        &self,
+        c: &EndpointConfig,
+        eff: Effective,
+        d: Option<&Discovered>,
+    ) -> Result<Entry, RegistryError> {
         let (_, authority, _) = split_url(&c.url)?;
-        let block_size = c.block_size.unwrap_or(self.config.block_size);
+        let block_size = eff.block_size;
         let spec = EndpointSpec {
             key: EndpointKey::new(authority.as_str(), 0),
-            model: c.model.clone().unwrap_or_default(),
+            model: eff.model.clone().unwrap_or_default(),
             block_size,
             capacity_blocks: None,
         };
-        let kv_id = match &c.kv_events {
+        let kv_events = c.kv_events.as_ref().filter(|_| eff.model.is_some());
+        if c.kv_events.is_some() && kv_events.is_none() {
+            tracing::info!(
+                endpoint = %c.url,
+                "KV events wait for the engine's model (/v1/models); not scored precisely until then"
+            );
+        }
+        let kv_id = match kv_events {
             Some(pub_endpoint) => self.subscriber.add_endpoint(EndpointSource {
                 spec,
                 kv_events: pub_endpoint.clone(),
@@ -391,9 +418,12 @@ impl EndpointRegistry {
             stale_after: interval.saturating_mul(self.config.stale_after_intervals.max(1)),
             kv_id,
             index_block_size: block_size,
-            has_kv_events: c.kv_events.is_some(),
+            has_kv_events: kv_events.is_some(),
         };
         let endpoint = Arc::new(EndpointState::new(&c.url, init)?);
+        if let Some(d) = d.filter(|d| !d.models.is_empty()) {
+            endpoint.set_served_models(d.models.iter().cloned());
+        }
         if let Some(sink) = self.load_sink.get() {
             endpoint.share_load(Arc::clone(sink));
         }
@@ -413,6 +443,7 @@ impl EndpointRegistry {
         Ok(Entry {
             endpoint,
             config: c.clone(),
+            effective: eff,
             scrape,
         })
     }
@@ -454,5 +485,6 @@ impl Drop for EndpointRegistry {
     }
 }
 
+mod discovered;
 #[cfg(test)]
 mod tests;

@@ -11,7 +11,7 @@
 
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -220,10 +220,13 @@ fn body_has_media(api: Api, body: &[u8]) -> bool {
     }
 }
 
-/// Every configured chain plus the shared pool and metrics. Cheap to share (`Arc`).
+/// Every configured chain plus the shared pool and metrics. Cheap to share (`Arc`). Chains
+/// for models that appear later (engine discovery) are added with
+/// [`TokenizeService::add_model`].
 #[derive(Debug)]
 pub struct TokenizeService {
-    chains: HashMap<String, Arc<TokenizerChain>>,
+    chains: RwLock<HashMap<String, Arc<TokenizerChain>>>,
+    local: LocalOptions,
     pool: BlockingPool,
     metrics: TokenizeMetrics,
 }
@@ -269,7 +272,8 @@ impl TokenizeService {
         )
         .map_err(BuildError::Pool)?;
         Ok(TokenizeService {
-            chains,
+            chains: RwLock::new(chains),
+            local,
             pool,
             metrics,
         })
@@ -293,15 +297,40 @@ impl TokenizeService {
         }
         let pool = BlockingPool::new(pool, metrics.pool.clone()).map_err(BuildError::Pool)?;
         Ok(TokenizeService {
-            chains: map,
+            chains: RwLock::new(map),
+            local: LocalOptions {
+                prefix_cache_max_tokens: TokenizeConfig::default().prefix_cache_max_tokens,
+            },
             pool,
             metrics,
         })
     }
 
     /// The chain for a canonical model name.
-    pub fn chain(&self, model: &str) -> Option<&Arc<TokenizerChain>> {
-        self.chains.get(model)
+    pub fn chain(&self, model: &str) -> Option<Arc<TokenizerChain>> {
+        self.chains
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(model)
+            .cloned()
+    }
+
+    /// Adds a chain for a model that has none yet (a model an engine reported after start).
+    /// Returns false, changing nothing, when the model already has one.
+    ///
+    /// # Errors
+    /// [`BuildError`] for an unloadable tokenizer or a malformed render URL.
+    pub fn add_model(&self, cfg: &ModelTokenizerConfig) -> Result<bool, BuildError> {
+        if self.chain(&cfg.model).is_some() {
+            return Ok(false);
+        }
+        let chain = Arc::new(TokenizerChain::from_config(cfg, self.local)?);
+        let mut chains = self.chains.write().unwrap_or_else(PoisonError::into_inner);
+        if chains.contains_key(&cfg.model) {
+            return Ok(false);
+        }
+        chains.insert(cfg.model.clone(), chain);
+        Ok(true)
     }
 
     /// The metric handles.
@@ -319,10 +348,9 @@ impl TokenizeService {
     pub async fn tokenize(&self, req: &SealedRequest) -> Result<Tokenized, TokenizeError> {
         let model = req.model().unwrap_or_default();
         let chain = self
-            .chains
-            .get(model)
+            .chain(model)
             .ok_or_else(|| TokenizeError::UnknownModel(model.to_owned()))?;
-        self.tokenize_with(chain, req).await
+        self.tokenize_with(&chain, req).await
     }
 
     /// Starts a prefix tokenization of `req` ([`PrefixSession`]) and encodes about `budget`
@@ -339,7 +367,7 @@ impl TokenizeService {
         budget: usize,
     ) -> Result<Option<PrefixSession>, TokenizeError> {
         let model = req.model().unwrap_or_default();
-        let Some(chain) = self.chains.get(model) else {
+        let Some(chain) = self.chain(model) else {
             return Ok(None);
         };
         let Some(Step::Local(Some(t))) = chain.steps.first() else {

@@ -37,7 +37,7 @@ impl Default for TokenizeConfig {
 }
 
 /// How one model is tokenized.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ModelTokenizerConfig {
     /// Canonical model name, as forwarded to the engine (`SealedRequest::model`).

@@ -26,14 +26,21 @@ pub(crate) struct ServeArgs {
     #[arg(long, env = "KVGATE_ADMIN_TOKEN", hide_env_values = true)]
     admin_token: Option<String>,
     /// Engine endpoint (repeatable; added to the config's): `URL[,kv=tcp://HOST:PORT]
-    /// [,replay=tcp://HOST:PORT][,model=NAME][,label=KEY=VALUE]`. `kv=` subscribes to the
-    /// engine's KV-cache events for precise prefix routing.
+    /// [,replay=tcp://HOST:PORT][,model=NAME][,block_size=N][,label=KEY=VALUE]`. `kv=`
+    /// subscribes to the engine's KV-cache events for precise prefix routing; the model and
+    /// block size default to what the engine reports (`/v1/models`, `/metrics`).
     #[arg(long = "endpoint", value_name = "URL[,kv=…]")]
     endpoints: Vec<String>,
     /// Local tokenizer for a model, MODEL=DIR (repeatable): a directory with
     /// tokenizer.json and tokenizer_config.json (optionally .gz).
     #[arg(long = "tokenizer", value_name = "MODEL=DIR")]
     tokenizers: Vec<String>,
+    /// Render server for a model, MODEL=URL (repeatable): a vLLM `/render` endpoint that
+    /// tokenizes the exact forwarded bytes (after the local tokenizer, if one is named).
+    /// Without it, a model served by endpoints with `kv=` uses the engine's own render
+    /// endpoint.
+    #[arg(long = "render", value_name = "MODEL=URL")]
+    renders: Vec<String>,
     /// Add `x-kvgate-scores` (every candidate's per-scorer scores) to responses.
     #[arg(long)]
     scores_header: bool,
@@ -105,6 +112,9 @@ pub(crate) fn main(args: ServeArgs) -> anyhow::Result<()> {
         let mut registry = Registry::default();
         let sources = discover::EndpointSources::new(&config);
         let proxy = Proxy::new(config.clone(), &mut registry)?;
+        // What the engines say about themselves (models, block size), and the tokenizer
+        // chain of each model they serve, before the first request.
+        proxy.refresh_models().await;
         let _discovery = discover::start(&config, &sources, &proxy, &mut registry).await?;
         let listener = tokio::net::TcpListener::bind(listen)
             .await
@@ -192,6 +202,9 @@ pub(crate) fn proxy_config(args: &ServeArgs, file: &FileConfig) -> anyhow::Resul
             render_media_timeout_ms: None,
         };
         config.set_tokenizer(model, &spec);
+    }
+    for flag in &args.renders {
+        config.add_render_flag(flag)?;
     }
     config.default_endpoint_models();
     config.scores_header = args.scores_header;

@@ -60,6 +60,8 @@ fn endpoint_flags() {
         ("http://a:1,bogus=1", "unknown option"),
         ("http://a:1,kv", "options are KEY=VALUE"),
         ("http://a:1,label=x", "label is label=KEY=VALUE"),
+        ("http://a:1,block_size=0", "block_size must be"),
+        ("http://a:1,block_size=x", "block_size must be"),
     ] {
         let err = cfg.add_endpoint_flag(bad).unwrap_err();
         assert!(
@@ -214,4 +216,42 @@ fn timeouts_and_admin_token_from_yaml() {
     assert!(err.contains("timeouts.stream_idle_ms"), "{err}");
     let unknown = FileConfig::from_yaml("timeouts: { body_ms: 1 }\n").unwrap_err();
     assert!(unknown.to_string().contains("body_ms"), "{unknown}");
+}
+
+#[test]
+fn block_size_and_render_flags() {
+    let mut cfg = ProxyConfig::default();
+    cfg.add_endpoint_flag("http://a:1,kv=tcp://a:5557,block_size=32")
+        .unwrap();
+    assert_eq!(cfg.endpoints[0].block_size, Some(32));
+    assert_eq!(
+        cfg.endpoints[0].model, None,
+        "no model: the engine names it"
+    );
+    // `--render` after `--tokenizer` for the same model keeps the local tokenizer first.
+    cfg.set_tokenizer(
+        "m",
+        &TokenizerSpec {
+            local: Some("/t".into()),
+            render: None,
+            backends: None,
+            render_timeout_ms: None,
+            render_media_timeout_ms: None,
+        },
+    );
+    cfg.add_render_flag("m=http://r:1").unwrap();
+    cfg.add_render_flag("n=http://r:2").unwrap();
+    let m = cfg.tokenize.models.iter().find(|c| c.model == "m").unwrap();
+    assert_eq!(
+        (m.tokenizer_dir.as_deref(), m.render_url.as_deref()),
+        (Some(std::path::Path::new("/t")), Some("http://r:1"))
+    );
+    let n = cfg.tokenize.models.iter().find(|c| c.model == "n").unwrap();
+    assert_eq!(
+        (n.tokenizer_dir.as_deref(), n.render_url.as_deref()),
+        (None, Some("http://r:2"))
+    );
+    assert_eq!(cfg.models, vec!["m".to_owned(), "n".to_owned()]);
+    let err = cfg.add_render_flag("nourl").unwrap_err();
+    assert!(err.to_string().contains("render flag `nourl`"), "{err}");
 }

@@ -49,11 +49,15 @@ impl Proxy {
                 cancel: cancel.clone(),
             },
         )?;
+        endpoints.register_conflict_metrics(registry);
         endpoints.reconcile(&config.endpoints)?;
         let handles = SchedulerHandles {
             kv_index,
             metrics: schedule_metrics,
-            precise: endpoints.has_kv_events()
+            // An endpoint with KV events whose model is not known yet is not subscribed, but
+            // the fleet is still precise.
+            precise: config.endpoints.iter().any(|e| e.kv_events.is_some())
+                || endpoints.has_kv_events()
                 || config
                     .discovery
                     .as_ref()
@@ -72,7 +76,7 @@ impl Proxy {
             .replica_sync
             .as_ref()
             .map(|_| kvgate_replica::SyncMetrics::new(registry));
-        Ok(Arc::new(Proxy {
+        let proxy = Arc::new(Proxy {
             config,
             registry: Arc::new(endpoints),
             scheduler: ArcSwap::from_pointee(scheduler),
@@ -81,11 +85,14 @@ impl Proxy {
             client,
             metrics,
             model_objects: Mutex::default(),
+            chains_decided: Mutex::default(),
             decision_log,
             cancel,
             replica_metrics,
             replica: std::sync::OnceLock::new(),
-        }))
+        });
+        proxy.decide_chains();
+        Ok(proxy)
     }
 
     /// Applies a changed config file: the endpoint list and the scheduler's plugins and

@@ -84,8 +84,6 @@ async fn reconcile_keeps_identity_and_drops_removed() {
 async fn reconcile_validates_before_changing() {
     let r = registry();
     r.reconcile(&[EndpointConfig::new("http://a:1")]).unwrap();
-    let mut no_model = EndpointConfig::new("http://k:1");
-    no_model.kv_events = Some("tcp://k:5557".into());
     let mut zero = EndpointConfig::new("http://z:1");
     zero.block_size = Some(0);
     let cases = [
@@ -102,7 +100,6 @@ async fn reconcile_validates_before_changing() {
             ],
             "twice",
         ),
-        ("kv without model", vec![no_model], "needs `model`"),
         ("zero block size", vec![zero], "block_size"),
     ];
     for (name, list, word) in cases {
@@ -133,4 +130,50 @@ async fn realized_counters_and_snapshot() {
     assert!(e.metrics_stale && e.healthy);
     let json = serde_json::to_value(&snap).unwrap();
     assert_eq!(json["endpoints"][0]["realized_tokens"], 64);
+}
+
+/// `kv_events` without `model` is accepted: not subscribed (no precise holdings) until the
+/// engine names its model, then restarted with a subscription keyed by that model; the
+/// engine's block size replaces the default.
+#[tokio::test]
+async fn kv_endpoint_without_model_waits_for_discovery() {
+    let r = registry();
+    let mut c = EndpointConfig::new("http://k:1");
+    c.kv_events = Some("tcp://127.0.0.1:1".into());
+    r.reconcile(std::slice::from_ref(&c)).unwrap();
+    let before = r.get("k:1").unwrap();
+    assert!(
+        !before.has_kv_events(),
+        "no model yet: not scored precisely"
+    );
+    assert!(
+        !r.apply_discovered("http://k:1", None, None, None),
+        "nothing new"
+    );
+    let models = vec![crate::ServedModel {
+        id: "m".into(),
+        parent: None,
+    }];
+    let scraped = crate::EngineMetrics {
+        block_size: Some(32),
+        ..crate::EngineMetrics::default()
+    };
+    assert!(r.apply_discovered(
+        "http://k:1",
+        Some(models.clone()),
+        Some(4096),
+        Some(&scraped)
+    ));
+    let after = r.get("k:1").unwrap();
+    assert!(after.has_kv_events(), "subscribed once the model is known");
+    assert_eq!(after.index_block_size(), 32, "the engine's block size");
+    assert_eq!(after.serves("m"), Some(true));
+    assert!(
+        !r.apply_discovered("http://k:1", Some(models), Some(4096), Some(&scraped)),
+        "same facts: kept"
+    );
+    // A config reload with the same endpoint keeps the discovered settings and the state.
+    let report = r.reconcile(&[c]).unwrap();
+    assert_eq!(report.kept, vec!["http://k:1".to_owned()]);
+    assert!(Arc::ptr_eq(&after, &r.get("k:1").unwrap()));
 }

@@ -158,11 +158,12 @@ fn upstream_and_index_flags_override_the_file() {
 #[test]
 fn bad_flags_are_errors_naming_the_flag() {
     // (flags, what the message must name): one bad flag per row.
-    let cases: [(&[&str], &str); 7] = [
+    let cases: [(&[&str], &str); 8] = [
         (
             &["--endpoint", "http://a:1,bogus=1"],
             "endpoint flag `http://a:1,bogus=1`",
         ),
+        (&["--render", "qwen"], "render flag `qwen`"),
         (&["--alias", "qwen"], "alias flag `qwen`"),
         (&["--tokenizer", "qwen"], "--tokenizer `qwen`"),
         (
