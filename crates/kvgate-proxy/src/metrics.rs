@@ -92,6 +92,10 @@ pub struct ProxyMetrics {
     /// asking the tokenizer (`prompt_too_large`: a body over
     /// `tokenize.max_prompt_bytes_tokenized`).
     pub tokenize_fallback: Family<FallbackLabels, Counter>,
+    /// `kvgate_tokenize_parked_completions_total`: parked prefix tokenizations a later
+    /// request completed because its match ended where they did (a sibling of a request in
+    /// flight), extending the speculative holdings over the whole prompt.
+    pub parked_prefix_completions: Counter,
 }
 
 fn latency_histogram() -> Histogram {
@@ -117,6 +121,7 @@ impl ProxyMetrics {
             sse_oversize: Counter::default(),
             timeouts: Family::default(),
             tokenize_fallback: Family::default(),
+            parked_prefix_completions: Counter::default(),
         };
         registry.register(
             "requests",
@@ -167,6 +172,11 @@ impl ProxyMetrics {
             "sse_oversize_events",
             "Response SSE events over the watch cap, passed through without reading their usage",
             m.sse_oversize.clone(),
+        );
+        registry.register(
+            "tokenize_parked_completions",
+            "Parked prefix tokenizations completed by a later request whose match ended where they did",
+            m.parked_prefix_completions.clone(),
         );
         registry.register(
             "timeouts",

@@ -43,6 +43,7 @@ use crate::{
 mod build;
 mod facts;
 mod forward;
+mod parked;
 mod pipeline;
 mod request_id;
 mod respond;
@@ -79,6 +80,8 @@ pub struct Proxy {
     /// Models whose tokenizer chain is decided (and its line logged).
     pub(crate) chains_decided: Mutex<HashSet<String>>,
     decision_log: Option<DecisionLog>,
+    /// Prefix tokenizations parked after the pick, completed by a sibling on demand.
+    parked: parked::ParkedPrefixes,
     cancel: CancellationToken,
     /// Registered when `replica_sync` is configured.
     replica_metrics: Option<kvgate_replica::SyncMetrics>,

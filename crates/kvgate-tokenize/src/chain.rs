@@ -445,23 +445,6 @@ impl TokenizeService {
         }
     }
 
-    /// Finishes `session` in the background on the blocking pool and hands the complete ids
-    /// to `then` (on the pool thread); nothing happens on an encode error. Returns false,
-    /// doing nothing, when the queue is full.
-    pub fn complete_prefix_detached(
-        &self,
-        mut session: PrefixSession,
-        then: impl FnOnce(&[u32]) + Send + 'static,
-    ) -> bool {
-        self.pool
-            .submit_background(move || {
-                if session.advance(usize::MAX).is_ok() && session.is_complete() {
-                    then(session.exact_ids());
-                }
-            })
-            .is_ok()
-    }
-
     /// Tokenizes `req` with an explicit chain (the CLI and tests use this).
     ///
     /// # Errors

@@ -189,27 +189,6 @@ impl BlockingPool {
         T: Send + 'static,
         F: FnOnce() -> T + Send + 'static,
     {
-        self.submit_counted(f, true)
-    }
-
-    /// Queues background work: like [`BlockingPool::submit`], but a full queue is not
-    /// counted as a rejected request.
-    pub(crate) fn submit_background<F>(&self, f: F) -> Result<(), PoolError>
-    where
-        F: FnOnce() + Send + 'static,
-    {
-        self.submit_counted(f, false).map(drop)
-    }
-
-    fn submit_counted<T, F>(
-        &self,
-        f: F,
-        count: bool,
-    ) -> Result<oneshot::Receiver<JobResult<T>>, PoolError>
-    where
-        T: Send + 'static,
-        F: FnOnce() -> T + Send + 'static,
-    {
         let (otx, orx) = oneshot::channel();
         let panics = self.counters.panics.clone();
         let job: Job = Box::new(move || {
@@ -227,9 +206,7 @@ impl BlockingPool {
         match tx.try_send(job) {
             Ok(()) => Ok(orx),
             Err(TrySendError::Full(_)) => {
-                if count {
-                    self.counters.rejected.inc();
-                }
+                self.counters.rejected.inc();
                 Err(PoolError::QueueFull)
             }
             Err(TrySendError::Disconnected(_)) => Err(PoolError::Closed),

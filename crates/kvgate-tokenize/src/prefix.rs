@@ -292,6 +292,12 @@ impl PrefixSession {
         }
     }
 
+    /// Heap bytes the session holds (its rendered text and the ids so far), for bounding a
+    /// store of sessions.
+    pub fn heap_bytes(&self) -> usize {
+        self.text.len() + self.ids.len() * std::mem::size_of::<u32>()
+    }
+
     /// Ids encoded so far (the margin included).
     pub fn encoded_tokens(&self) -> usize {
         self.ids.len()

@@ -76,7 +76,12 @@ impl Proxy {
             .replica_sync
             .as_ref()
             .map(|_| kvgate_replica::SyncMetrics::new(registry));
+        let parked = super::parked::ParkedPrefixes::new(
+            config.kv_index.speculative_ttl,
+            super::parked::PARKED_MAX_BYTES,
+        );
         let proxy = Arc::new(Proxy {
+            parked,
             config,
             registry: Arc::new(endpoints),
             scheduler: ArcSwap::from_pointee(scheduler),

@@ -53,7 +53,7 @@ pub(crate) fn match_may_continue(
     })
 }
 
-/// Grows `session` from [`PREFIX_TOKENS_START`] while `more(ids)` says the match may
+/// Grows `session` from [`PREFIX_TOKENS_START`] (or what it already encoded) while `more(ids)` says the match may
 /// continue. `None` when an encode failed (use full tokenization).
 pub(crate) async fn grow_prefix<Fut>(
     mut session: PrefixSession,
@@ -63,7 +63,7 @@ pub(crate) async fn grow_prefix<Fut>(
 where
     Fut: Future<Output = Result<Option<PrefixSession>, TokenizeError>>,
 {
-    let mut budget = PREFIX_TOKENS_START;
+    let mut budget = PREFIX_TOKENS_START.max(session.encoded_tokens());
     while !session.is_complete() && more(session.exact_ids()) {
         budget = budget.saturating_mul(2);
         match extend(session, budget).await? {
@@ -110,7 +110,7 @@ fn mm_spans(items: Vec<MmItem>) -> Vec<MmSpan> {
 }
 
 /// A prefix tokenization that stopped early, kept until the pick: see
-/// [`Proxy::finish_prefix`].
+/// [`Proxy::park_prefix`].
 #[derive(Debug)]
 pub(crate) struct PendingPrefix {
     session: PrefixSession,
@@ -118,6 +118,24 @@ pub(crate) struct PendingPrefix {
     model: String,
     cache_salt: Option<String>,
 }
+
+impl PendingPrefix {
+    /// The stopped session.
+    pub(crate) fn session(&self) -> &PrefixSession {
+        &self.session
+    }
+
+    fn scope(&self) -> KeyScope<'_> {
+        KeyScope {
+            model: &self.model,
+            cache_salt: self.cache_salt.as_deref(),
+        }
+    }
+}
+
+/// How many parked sessions one request's routing may complete (each one extends the match;
+/// a chain of them is a burst of prompts that keep sharing what was parked).
+const MAX_COMPLETIONS_PER_REQUEST: usize = 4;
 
 /// Extends `picked`'s speculative holdings over the whole prompt `ids`, when it holds (after
 /// the pick: speculatively or for real) every full block of the tokenized `prefix`, as the
@@ -142,36 +160,73 @@ pub(crate) fn speculate_rest(
 
 impl Proxy {
     /// After the pick: when the request's tokenization stopped early and the picked endpoint
-    /// now holds its whole prefix (the precise scorer's speculative insert), finish the
-    /// tokenization in the background and extend the speculative holdings over the whole
-    /// prompt, so a burst of siblings follows this request as with full tokenization.
-    pub(super) fn finish_prefix(&self, pending: PendingPrefix, picked: &EndpointState) {
-        let scope = KeyScope {
-            model: &pending.model,
-            cache_salt: pending.cache_salt.as_deref(),
-        };
+    /// now holds its whole prefix (the precise scorer's speculative insert), park the session
+    /// so that a sibling whose match ends there completes it ([`super::parked`]).
+    pub(super) fn park_prefix(&self, pending: PendingPrefix, picked: &EndpointState) {
         let index = &self.handles.kv_index;
-        if !speculate_rest(index, picked, scope, pending.session.exact_ids()) {
+        let exact = pending.session.exact_ids();
+        if !speculate_rest(index, picked, pending.scope(), exact) {
             return;
         }
-        let (index, id, bs) = (index.clone(), picked.kv_id(), picked.index_block_size());
-        let PendingPrefix {
-            session,
-            model,
-            cache_salt,
-        } = pending;
-        let queued = self
-            .tokenizer
-            .complete_prefix_detached(session, move |ids| {
-                let scope = KeyScope {
-                    model: &model,
-                    cache_salt: cache_salt.as_deref(),
-                };
-                index.insert_speculative(id, &block_keys(ids, bs, scope));
-            });
-        if !queued {
-            tracing::debug!("tokenizer queue full: speculative holdings cover the prefix only");
+        let keys = block_keys(exact, picked.index_block_size(), pending.scope());
+        if let Some(last) = keys.keys.last() {
+            self.parked.park(picked.kv_id(), last.0, pending);
         }
+    }
+
+    /// Completes the parked sessions at which `session`'s match ends (at most
+    /// [`MAX_COMPLETIONS_PER_REQUEST`]), extending their endpoints' speculative holdings over
+    /// their whole prompts, and grows `session` over what then matches.
+    async fn complete_parked(
+        &self,
+        mut session: PrefixSession,
+        endpoints: &[&EndpointState],
+        scope: KeyScope<'_>,
+    ) -> Result<Option<PrefixSession>, TokenizeError> {
+        let index = &self.handles.kv_index;
+        for _ in 0..MAX_COMPLETIONS_PER_REQUEST {
+            if session.is_complete() {
+                break;
+            }
+            let Some(at) = self
+                .parked
+                .at_boundary(index, endpoints, scope, session.exact_ids())
+            else {
+                break;
+            };
+            {
+                let mut slot = at.slot.lock().await;
+                if let Some(parked) = slot.take() {
+                    let PendingPrefix {
+                        session: other,
+                        model,
+                        cache_salt,
+                    } = parked;
+                    if let Some(done) = self.tokenizer.extend_prefix(other, usize::MAX).await?
+                        && done.is_complete()
+                    {
+                        let scope = KeyScope {
+                            model: &model,
+                            cache_salt: cache_salt.as_deref(),
+                        };
+                        let keys = block_keys(done.exact_ids(), at.block_size, scope);
+                        index.insert_speculative(at.endpoint, &keys);
+                        self.metrics.parked_prefix_completions.inc();
+                    }
+                }
+            }
+            match grow_prefix(
+                session,
+                |ids| match_may_continue(index, endpoints, scope, ids),
+                |s, budget| self.tokenizer.extend_prefix(s, budget),
+            )
+            .await?
+            {
+                Some(s) => session = s,
+                None => return Ok(None),
+            }
+        }
+        Ok(Some(session))
     }
 
     /// What the scheduler knows about the request: model, LoRA adapter, session and, when a
@@ -279,12 +334,16 @@ impl Proxy {
             cache_salt: facts.cache_salt.as_deref(),
         };
         let index = &self.handles.kv_index;
-        grow_prefix(
+        let grown = grow_prefix(
             session,
             |ids| match_may_continue(index, &endpoints, scope, ids),
             |s, budget| self.tokenizer.extend_prefix(s, budget),
         )
-        .await
+        .await?;
+        match grown {
+            Some(s) if !s.is_complete() => self.complete_parked(s, &endpoints, scope).await,
+            other => Ok(other),
+        }
     }
 
     /// The base model of `model` when some endpoint serves it as a LoRA adapter.

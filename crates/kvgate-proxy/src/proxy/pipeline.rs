@@ -266,7 +266,7 @@ impl Proxy {
         let endpoint = decision.endpoint().clone();
         let fallbacks = fallbacks(decision.primary(), endpoint.name());
         if let Some(p) = routed.pending.take() {
-            self.finish_prefix(p, &endpoint);
+            self.park_prefix(p, &endpoint);
         }
         routed.tried.push(endpoint.name().to_owned());
         Ok(Some(Pick {

@@ -254,8 +254,8 @@ fn long_prompt_stops_early_with_a_close_estimate() {
     );
 }
 
-/// The service runs sessions on the pool, counts a start as a local success, and completes a
-/// session in the background.
+/// The service runs sessions on the pool, counts a start as a local success, and extends a
+/// session to its end.
 #[tokio::test]
 async fn service_prefix_round_trip() {
     use crate::chain::{TokenizeService, TokenizerChain};
@@ -297,11 +297,13 @@ async fn service_prefix_round_trip() {
     assert_eq!(svc.metrics().attempts_value("m", "local", "ok", "none"), 2);
     let s = svc.extend_prefix(s, 1024).await.unwrap().expect("extends");
     assert!(full.starts_with(s.exact_ids()) && s.exact_ids().len() > 256);
-    let (tx, rx) = tokio::sync::oneshot::channel();
-    assert!(svc.complete_prefix_detached(s, move |ids| {
-        let _ = tx.send(ids.to_vec());
-    }));
-    assert_eq!(rx.await.unwrap(), full);
+    let s = svc
+        .extend_prefix(s, usize::MAX)
+        .await
+        .unwrap()
+        .expect("completes");
+    assert!(s.is_complete());
+    assert_eq!(s.exact_ids(), full);
     // Not applicable: no chain for the model.
     let other = kvgate_request::Request::parse(
         Api::ChatCompletions,

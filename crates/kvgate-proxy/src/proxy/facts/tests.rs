@@ -268,9 +268,10 @@ async fn unshared_long_prompt_stops_after_one_pass() {
     );
 }
 
-/// A burst sibling of a long prompt nobody caches yet: after the first request's pick and
-/// the background completion, the sibling sees the picked engine holding the whole prompt,
-/// as with full tokenization (the pick's speculative insert alone covers the prefix only).
+/// A burst sibling of a long prompt nobody caches yet: once the first request's parked
+/// session is completed (as a sibling does), the sibling sees the picked engine holding the
+/// whole prompt, as with full tokenization (the pick's speculative insert alone covers the
+/// prefix only).
 #[tokio::test]
 async fn sibling_sees_the_whole_prompt_speculated() {
     let t = qwen();

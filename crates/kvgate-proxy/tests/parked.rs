@@ -1,0 +1,109 @@
+//! End to end: a sibling of a long prompt still in flight completes the first request's
+//! parked prefix tokenization and follows it to its engine; a long prompt no sibling follows
+//! is never tokenized past what routing needed.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper_util::{client::legacy::Client, rt::TokioExecutor};
+use kvgate_proxy::test_util::RunningProxy;
+use serde_json::{Value, json};
+
+mod common;
+
+use common::*;
+
+/// Endpoint and predicted cached tokens of one completions request.
+async fn complete(proxy_url: String, body: Value) -> (String, u64) {
+    let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
+    let req = http::Request::post(format!("{proxy_url}/v1/completions"))
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(body.to_string())))
+        .unwrap();
+    let resp = client.request(req).await.unwrap();
+    let (parts, body) = resp.into_parts();
+    let bytes = body.collect().await.unwrap().to_bytes();
+    assert_eq!(parts.status, 200, "{}", String::from_utf8_lossy(&bytes));
+    let header = |name: &str| {
+        parts
+            .headers
+            .get(name)
+            .map(|h| h.to_str().unwrap().to_owned())
+    };
+    (
+        header("x-kvgate-endpoint").unwrap(),
+        header("x-kvgate-predicted-tokens").map_or(0, |p| p.parse().unwrap()),
+    )
+}
+
+/// One counter of the proxy's `/metrics` (0 when absent).
+async fn counter(proxy: &RunningProxy, name: &str) -> u64 {
+    let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
+    let resp = client
+        .get(format!("http://{}/metrics", proxy.admin).parse().unwrap())
+        .await
+        .unwrap();
+    let text = resp.into_body().collect().await.unwrap().to_bytes();
+    String::from_utf8_lossy(&text)
+        .lines()
+        .find_map(|l| l.strip_prefix(name)?.trim().parse::<f64>().ok())
+        .map_or(0, |v| v as u64)
+}
+
+/// Waits until the proxy has `n` requests in flight over all endpoints.
+async fn wait_in_flight(proxy: &RunningProxy, n: u64) {
+    loop {
+        let sum: u64 = endpoint_counts(proxy, "in_flight_requests")
+            .await
+            .iter()
+            .map(|(_, c)| c)
+            .sum();
+        if sum == n {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sibling_in_flight_completes_the_parked_prefix_and_follows() {
+    // Slow prefill: the first request is still prefilling when its sibling is routed.
+    let sim = fleet(&[
+        "--instances",
+        "2",
+        "--num-gpu-blocks",
+        "2000",
+        "--prefill-tokens-per-s",
+        "4000",
+    ])
+    .await;
+    let yaml = endpoints_yaml(&sim, &|_| String::new()) + &models_yaml();
+    let proxy = start_proxy(&yaml).await;
+    let parked = "kvgate_tokenize_parked_completions_total";
+
+    // A long plain prompt: prefix tokenization stops after its first pass.
+    let prompt = system_prompt(7, 5000);
+    let body = json!({"model": MODEL, "prompt": prompt, "max_tokens": 4});
+    let first = tokio::spawn(complete(proxy.url(), body.clone()));
+    wait_in_flight(&proxy, 1).await;
+    let (sibling_at, sibling_predicted) = complete(proxy.url(), body.clone()).await;
+    let (first_at, _) = first.await.unwrap();
+    assert_eq!(
+        sibling_at, first_at,
+        "the sibling left the first request's engine"
+    );
+    assert_eq!(counter(&proxy, parked).await, 1);
+    // Its prediction covers the whole prompt's full blocks, not the first pass only.
+    assert!(
+        sibling_predicted > 4000,
+        "sibling predicted only {sibling_predicted} tokens"
+    );
+
+    // A long prompt with no sibling is parked and expires untouched.
+    let other = json!({"model": MODEL, "prompt": system_prompt(8, 5000), "max_tokens": 4});
+    complete(proxy.url(), other).await;
+    assert_eq!(counter(&proxy, parked).await, 1);
+    sim.shutdown().await;
+}
