@@ -17,15 +17,7 @@ use common::*;
 
 /// Endpoint and predicted cached tokens of one completions request.
 async fn complete(proxy_url: String, body: Value) -> (String, u64) {
-    let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
-    let req = http::Request::post(format!("{proxy_url}/v1/completions"))
-        .header("content-type", "application/json")
-        .body(Full::new(Bytes::from(body.to_string())))
-        .unwrap();
-    let resp = client.request(req).await.unwrap();
-    let (parts, body) = resp.into_parts();
-    let bytes = body.collect().await.unwrap().to_bytes();
-    assert_eq!(parts.status, 200, "{}", String::from_utf8_lossy(&bytes));
+    let (parts, _) = post_json(&proxy_url, "/v1/completions", &body).await;
     let header = |name: &str| {
         parts
             .headers

@@ -14,7 +14,7 @@
 //! `kvgate_tokenize_prefix_skipped_tokens_total{model}`.
 
 use http::HeaderMap;
-use kvgate_kvcache::{KeyScope, KvIndex, MmSpan, block_keys};
+use kvgate_kvcache::{BlockKeys, KeyScope, KvIndex, MmSpan, PrefixScores, block_keys};
 use kvgate_request::SealedRequest;
 use kvgate_schedule::{EndpointState, RequestFacts};
 use kvgate_tokenize::{MmItem, PrefixSession, TokenizeError};
@@ -26,6 +26,33 @@ use crate::{error::ProxyError, metrics::FallbackLabels};
 /// ~156k tokens/s, and 128 blocks of 16. Prompts shorter than this are tokenized in full.
 pub const PREFIX_TOKENS_START: usize = 2048;
 
+/// Per index block size among `endpoints`: the size, `ids`' block keys at that size, and the
+/// index's match of those keys at the endpoints keyed with it (not scored when there is no
+/// full block).
+pub(crate) fn matches_by_block_size<'a>(
+    index: &'a KvIndex,
+    endpoints: &'a [&EndpointState],
+    scope: KeyScope<'a>,
+    ids: &'a [u32],
+) -> impl Iterator<Item = (u32, BlockKeys, Option<PrefixScores>)> + 'a {
+    let mut sizes: Vec<u32> = endpoints.iter().map(|e| e.index_block_size()).collect();
+    sizes.sort_unstable();
+    sizes.dedup();
+    sizes.into_iter().map(move |bs| {
+        let keys = block_keys(ids, bs, scope);
+        if keys.is_empty() {
+            return (bs, keys, None);
+        }
+        let kv_ids: Vec<_> = endpoints
+            .iter()
+            .filter(|e| e.index_block_size() == bs)
+            .map(|e| e.kv_id())
+            .collect();
+        let scores = index.score(&keys, &kv_ids);
+        (bs, keys, Some(scores))
+    })
+}
+
 /// True when some endpoint's match in `index` covers every full block of `ids` (or `ids`
 /// has no full block yet at some endpoint's block size): more tokens could extend a match.
 pub(crate) fn match_may_continue(
@@ -34,27 +61,17 @@ pub(crate) fn match_may_continue(
     scope: KeyScope<'_>,
     ids: &[u32],
 ) -> bool {
-    let mut sizes: Vec<u32> = endpoints.iter().map(|e| e.index_block_size()).collect();
-    sizes.sort_unstable();
-    sizes.dedup();
-    sizes.into_iter().any(|bs| {
-        let keys = block_keys(ids, bs, scope);
-        if keys.is_empty() {
-            return true;
-        }
-        let kv_ids: Vec<_> = endpoints
-            .iter()
-            .filter(|e| e.index_block_size() == bs)
-            .map(|e| e.kv_id())
-            .collect();
-        let scores = index.score(&keys, &kv_ids);
-        let best = scores.endpoints.iter().map(|s| s.matched_blocks).max();
-        best.is_some_and(|b| b as usize >= keys.len())
+    matches_by_block_size(index, endpoints, scope, ids).any(|(_, keys, scores)| {
+        scores.is_none_or(|scores| {
+            let best = scores.endpoints.iter().map(|s| s.matched_blocks).max();
+            best.is_some_and(|b| b as usize >= keys.len())
+        })
     })
 }
 
-/// Grows `session` from [`PREFIX_TOKENS_START`] (or what it already encoded) while `more(ids)` says the match may
-/// continue. `None` when an encode failed (use full tokenization).
+/// Grows `session` from [`PREFIX_TOKENS_START`] (or what it already encoded) while
+/// `more(ids)` says the match may continue. `None` when an encode failed (use full
+/// tokenization).
 pub(crate) async fn grow_prefix<Fut>(
     mut session: PrefixSession,
     mut more: impl FnMut(&[u32]) -> bool,

@@ -17,12 +17,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use kvgate_kvcache::{EndpointId, KeyScope, KvIndex, block_keys};
+use kvgate_kvcache::{EndpointId, KeyScope, KvIndex};
 use kvgate_schedule::EndpointState;
 use moka::sync::Cache;
 use tokio::sync::Mutex;
 
-use super::facts::PendingPrefix;
+use super::facts::{PendingPrefix, matches_by_block_size};
 
 /// One parked session; `None` once a sibling completed it.
 pub(crate) type Slot = Arc<Mutex<Option<PendingPrefix>>>;
@@ -85,18 +85,8 @@ impl ParkedPrefixes {
         scope: KeyScope<'_>,
         ids: &[u32],
     ) -> Option<Boundary> {
-        let mut sizes: Vec<u32> = endpoints.iter().map(|e| e.index_block_size()).collect();
-        sizes.sort_unstable();
-        sizes.dedup();
-        sizes.into_iter().find_map(|bs| {
-            let keys = block_keys(ids, bs, scope);
-            let kv_ids: Vec<EndpointId> = endpoints
-                .iter()
-                .filter(|e| e.index_block_size() == bs)
-                .map(|e| e.kv_id())
-                .collect();
-            let scores = index.score(&keys, &kv_ids);
-            scores.endpoints.iter().find_map(|s| {
+        matches_by_block_size(index, endpoints, scope, ids).find_map(|(bs, keys, scores)| {
+            scores?.endpoints.iter().find_map(|s| {
                 let m = s.matched_blocks as usize;
                 if m == 0 || m >= keys.len() {
                     return None;

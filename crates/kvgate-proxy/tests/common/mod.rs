@@ -67,9 +67,15 @@ pub(crate) struct Answer {
     pub(crate) content: String,
 }
 
-pub(crate) async fn chat(proxy: &RunningProxy, body: &Value) -> Answer {
+/// POSTs `body` as JSON to `path` under `base_url`; the response head and its JSON body
+/// (asserting a 200).
+pub(crate) async fn post_json(
+    base_url: &str,
+    path: &str,
+    body: &Value,
+) -> (http::response::Parts, Value) {
     let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
-    let req = http::Request::post(format!("{}/v1/chat/completions", proxy.url()))
+    let req = http::Request::post(format!("{base_url}{path}"))
         .header("content-type", "application/json")
         .body(Full::new(Bytes::from(body.to_string())))
         .unwrap();
@@ -77,7 +83,11 @@ pub(crate) async fn chat(proxy: &RunningProxy, body: &Value) -> Answer {
     let (parts, body) = resp.into_parts();
     let bytes = body.collect().await.unwrap().to_bytes();
     assert_eq!(parts.status, 200, "{}", String::from_utf8_lossy(&bytes));
-    let v: Value = serde_json::from_slice(&bytes).unwrap();
+    (parts, serde_json::from_slice(&bytes).unwrap())
+}
+
+pub(crate) async fn chat(proxy: &RunningProxy, body: &Value) -> Answer {
+    let (parts, v) = post_json(&proxy.url(), "/v1/chat/completions", body).await;
     let header = |name: &str| {
         parts
             .headers
