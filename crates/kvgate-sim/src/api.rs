@@ -203,11 +203,26 @@ async fn reset_prefix_cache(
     axum::Json(serde_json::json!({"success": ok})).into_response()
 }
 
-async fn metrics(State(inst): State<Arc<Instance>>) -> Response {
+#[derive(Debug, Deserialize, Default)]
+struct MetricsQuery {
+    /// Overrides `--metrics-stall-ms` for this scrape.
+    stall_ms: Option<u64>,
+}
+
+async fn metrics(State(inst): State<Arc<Instance>>, Query(q): Query<MetricsQuery>) -> Response {
+    let stall = q.stall_ms.map_or(inst.metrics_stall, Duration::from_millis);
+    if !stall.is_zero() {
+        tokio::time::sleep(stall).await;
+    }
     let stats: Vec<_> = inst
         .engines
         .iter()
-        .map(|e| e.shared.stats.lock().map(|s| s.clone()).unwrap_or_default())
+        .zip(&inst.dropped_batches)
+        .map(|(e, dropped)| {
+            let mut s = e.shared.stats.lock().map(|s| s.clone()).unwrap_or_default();
+            s.dropped_event_batches = dropped.load(std::sync::atomic::Ordering::Relaxed);
+            s
+        })
         .collect();
     let text = crate::metrics::render(&inst.metrics_info, &stats);
     (

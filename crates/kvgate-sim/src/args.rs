@@ -158,9 +158,17 @@ pub struct SimArgs {
     #[arg(long)]
     pub fail_after: Option<u64>,
 
-    /// Fault: probability of dropping a KV event batch on the wire (it stays replayable).
+    /// Fault: share (0..1) of KV event batches not sent on the wire; their sequence number is
+    /// still consumed (subscribers see a gap) and they stay replayable. Drawn from a generator
+    /// seeded by --fault-seed, so a run is reproducible. Counted in
+    /// `kvgate_sim:dropped_event_batches_total`.
     #[arg(long, default_value_t = 0.0)]
     pub drop_event_batches: f64,
+
+    /// Fault: `/metrics` answers only after this many milliseconds (a stalled scrape; a
+    /// request's `?stall_ms=N` overrides it).
+    #[arg(long, default_value_t = 0)]
+    pub metrics_stall_ms: u64,
 
     /// Fault: restart every engine after this many seconds (cache lost without
     /// AllBlocksCleared, event seq back to 0, in-flight requests fail).

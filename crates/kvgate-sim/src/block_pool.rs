@@ -79,6 +79,11 @@ impl BlockPool {
         self.ref_cnt[id as usize]
     }
 
+    /// Distinct hashes in the prefix cache.
+    pub(crate) fn num_cached_hashes(&self) -> usize {
+        self.cached.len()
+    }
+
     /// Any block currently cached under `hash`.
     pub(crate) fn cached_block(&self, hash: &BlockHash) -> Option<u32> {
         self.cached.get(hash).and_then(|v| v.first().copied())

@@ -313,6 +313,7 @@ impl EngineCore {
         self.stats.running = self.batcher.running.len();
         self.stats.waiting = self.batcher.waiting.len();
         self.stats.kv_usage = self.batcher.kv.pool.usage();
+        self.stats.cached_blocks = self.batcher.kv.pool.num_cached_hashes();
         self.stats.prefix_queries = self.batcher.counters.prefix_queries;
         self.stats.prefix_hits = self.batcher.counters.prefix_hits;
         self.stats.preemptions = self.batcher.counters.preemptions;

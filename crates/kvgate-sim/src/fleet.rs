@@ -138,6 +138,7 @@ pub async fn start_with_prompts(
             .replace("{model}", &served[0]);
         let mut engines = Vec::with_capacity(args.data_parallel_size);
         let mut events = Vec::new();
+        let mut dropped_batches = Vec::with_capacity(args.data_parallel_size);
         for rank in 0..args.data_parallel_size {
             let publisher = if args.no_kv_events {
                 PublisherHandle::default()
@@ -160,6 +161,7 @@ pub async fn start_with_prompts(
                 events.push(bound);
                 handle
             };
+            dropped_batches.push(publisher.dropped_counter());
             engines.push(EngineHandle::spawn(
                 engine_cfg.clone(),
                 vocab.clone(),
@@ -184,6 +186,8 @@ pub async fn start_with_prompts(
             },
             fail_after: args.fail_after,
             requests_seen: AtomicU64::new(0),
+            dropped_batches,
+            metrics_stall: Duration::from_millis(args.metrics_stall_ms),
         });
         let app = api::router(inst);
         let mut rx = shutdown_rx.clone();

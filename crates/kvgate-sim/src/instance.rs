@@ -25,6 +25,10 @@ pub(crate) struct Instance {
     pub(crate) metrics_info: MetricsInfo,
     pub(crate) fail_after: Option<u64>,
     pub(crate) requests_seen: AtomicU64,
+    /// Per engine: KV event batches its publisher dropped (`--drop-event-batches`).
+    pub(crate) dropped_batches: Vec<Arc<AtomicU64>>,
+    /// `--metrics-stall-ms`.
+    pub(crate) metrics_stall: std::time::Duration,
 }
 
 impl Instance {

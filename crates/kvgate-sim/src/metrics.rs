@@ -68,6 +68,10 @@ pub(crate) struct EngineStats {
     pub(crate) waiting_loras: BTreeSet<String>,
     /// Unix time of the last LoRA-set change (the value of `vllm:lora_requests_info`).
     pub(crate) lora_updated_at: f64,
+    /// Distinct block hashes in the prefix cache (what a KV-event index should hold).
+    pub(crate) cached_blocks: usize,
+    /// KV event batches dropped on the wire (`--drop-event-batches`); filled at render time.
+    pub(crate) dropped_event_batches: u64,
 }
 
 impl Default for EngineStats {
@@ -88,6 +92,8 @@ impl Default for EngineStats {
             running_loras: BTreeSet::new(),
             waiting_loras: BTreeSet::new(),
             lora_updated_at: unix_now(),
+            cached_blocks: 0,
+            dropped_event_batches: 0,
         }
     }
 }
@@ -193,6 +199,21 @@ pub(crate) fn render(info: &MetricsInfo, stats: &[EngineStats]) -> String {
         "counter",
         "Number of generation tokens processed.",
         &|s| s.generation_tokens as f64,
+    );
+    // Not vLLM's: the sim's own, for fault-injection tests (chaos suite).
+    family(
+        &mut out,
+        "kvgate_sim:cached_blocks",
+        "gauge",
+        "Distinct block hashes in the prefix cache (stored and not yet removed in KV events).",
+        &|s| s.cached_blocks as f64,
+    );
+    family(
+        &mut out,
+        "kvgate_sim:dropped_event_batches_total",
+        "counter",
+        "KV event batches not sent on the wire (--drop-event-batches); still replayable.",
+        &|s| s.dropped_event_batches as f64,
     );
     let _ = writeln!(
         out,
@@ -309,6 +330,8 @@ mod tests {
         let mut s = EngineStats {
             running: 3,
             prefix_hits: 32,
+            cached_blocks: 7,
+            dropped_event_batches: 2,
             ..Default::default()
         };
         s.ttft.observe(Duration::from_millis(30));
@@ -317,6 +340,8 @@ mod tests {
         let want = [
             "vllm:num_requests_running{engine=\"0\",model_name=\"m\"} 3.0",
             "vllm:prefix_cache_hits_total{engine=\"0\",model_name=\"m\"} 32.0",
+            "kvgate_sim:cached_blocks{engine=\"0\",model_name=\"m\"} 7.0",
+            "kvgate_sim:dropped_event_batches_total{engine=\"0\",model_name=\"m\"} 2.0",
             "vllm:time_to_first_token_seconds_bucket{engine=\"0\",model_name=\"m\",le=\"0.04\"} 1.0",
             "vllm:time_to_first_token_seconds_bucket{engine=\"0\",model_name=\"m\",le=\"0.02\"} 0.0",
             "vllm:time_to_first_token_seconds_count{engine=\"0\",model_name=\"m\"} 1.0",

@@ -15,6 +15,7 @@
 //! Encoding is `kvgate_kvcache::encode_batch` (the router's codec, byte-exact with vLLM).
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
@@ -60,6 +61,8 @@ enum PubCmd {
 #[derive(Debug, Clone, Default)]
 pub(crate) struct PublisherHandle {
     tx: Option<mpsc::UnboundedSender<PubCmd>>,
+    /// Batches skipped on the wire by `--drop-event-batches` (still replayable).
+    dropped: Arc<AtomicU64>,
 }
 
 impl std::fmt::Debug for PubCmd {
@@ -74,6 +77,11 @@ impl PublisherHandle {
         if let Some(tx) = &self.tx {
             let _ = tx.send(PubCmd::Batch(events));
         }
+    }
+
+    /// The counter of batches dropped on the wire (fault injection), shared with the task.
+    pub(crate) fn dropped_counter(&self) -> Arc<AtomicU64> {
+        self.dropped.clone()
     }
 
     /// Engine restart: the sequence restarts at 0 and the replay buffer empties.
@@ -178,8 +186,15 @@ async fn spawn_tasks(
         None => None,
     };
     let (tx, rx) = mpsc::unbounded_channel();
-    tokio::spawn(publish_loop(cfg, socket, retained, rx));
-    Ok((PublisherHandle { tx: Some(tx) }, replay))
+    let dropped = Arc::new(AtomicU64::new(0));
+    tokio::spawn(publish_loop(cfg, socket, retained, rx, dropped.clone()));
+    Ok((
+        PublisherHandle {
+            tx: Some(tx),
+            dropped,
+        },
+        replay,
+    ))
 }
 
 async fn publish_loop(
@@ -187,6 +202,7 @@ async fn publish_loop(
     socket: PendingSocket,
     retained: Retained,
     mut rx: mpsc::UnboundedReceiver<PubCmd>,
+    dropped_total: Arc<AtomicU64>,
 ) {
     let mut socket = match socket {
         PendingSocket::Ready(s) => s,
@@ -223,6 +239,7 @@ async fn publish_loop(
         }
         let dropped = cfg.drop_probability > 0.0 && rng.random::<f64>() < cfg.drop_probability;
         if dropped {
+            dropped_total.fetch_add(1, Ordering::Relaxed);
             tracing::debug!(seq, "dropping kv event batch (fault injection)");
         } else {
             let frames = vec![

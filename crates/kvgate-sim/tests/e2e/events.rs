@@ -140,3 +140,118 @@ async fn replay_returns_the_live_batches_then_end_marker() {
     assert_eq!(replayed, live, "replayed batches equal the live ones");
     sim.shutdown().await;
 }
+
+/// Reads replay batches from `start` until the end marker.
+async fn replay_from(replay_ep: &str, start: u64) -> Vec<(u64, Bytes)> {
+    let mut dealer = DealerSocket::new();
+    dealer.connect(replay_ep).await.unwrap();
+    let req = ZmqMessage::try_from(vec![
+        Bytes::new(),
+        Bytes::copy_from_slice(&start.to_be_bytes()),
+    ])
+    .unwrap();
+    dealer.send(req).await.unwrap();
+    let mut replayed = Vec::new();
+    loop {
+        let m = tokio::time::timeout(Duration::from_secs(5), dealer.recv())
+            .await
+            .unwrap()
+            .unwrap()
+            .into_vec();
+        if m[2].as_ref() == kvgate_sim::END_SEQ {
+            return replayed;
+        }
+        replayed.push((
+            u64::from_be_bytes(m[2][..8].try_into().unwrap()),
+            m[3].clone(),
+        ));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropped_batches_leave_gaps_that_replay_fills_and_are_counted() {
+    let sim = sim(&["--drop-event-batches", "0.5", "--fault-seed", "3"]).await;
+    let inst = sim.instances()[0].clone();
+    let mut sub = subscribe(&sim).await;
+    for i in 0..12u32 {
+        let prompt: Vec<u32> = (0..40).map(|t| 20_000 + i * 100 + t).collect();
+        let r = post(
+            inst.http,
+            "/v1/completions",
+            json!({"prompt": prompt, "max_tokens": 4}),
+        )
+        .await;
+        assert_eq!(r.status, 200);
+    }
+    let mut live = Vec::new();
+    while let Ok(Ok(m)) = tokio::time::timeout(Duration::from_millis(300), sub.recv()).await {
+        let f = m.into_vec();
+        live.push((
+            u64::from_be_bytes(f[1][..8].try_into().unwrap()),
+            f[2].clone(),
+        ));
+    }
+    assert!(live.len() >= 2, "{} live batches", live.len());
+    let (first, last) = (live[0].0, live[live.len() - 1].0);
+    let missing = (last - first + 1) as usize - live.len();
+    assert!(
+        missing > 0,
+        "half the batches dropped, yet no gap in {first}..={last}"
+    );
+
+    // Replay from the first live seq: consecutive, the live ones byte-equal, the gaps filled.
+    let replayed = replay_from(inst.events[0].replay.as_ref().unwrap(), first).await;
+    let seqs: Vec<u64> = replayed.iter().map(|(s, _)| *s).collect();
+    assert_eq!(seqs, (first..first + seqs.len() as u64).collect::<Vec<_>>());
+    assert!(
+        seqs.len() as u64 > last - first,
+        "replay covers the live range"
+    );
+    for (s, payload) in &live {
+        assert_eq!(&replayed[(s - first) as usize].1, payload, "seq {s}");
+    }
+
+    let m = metrics(inst.http).await;
+    let dropped = metric(&m, "kvgate_sim:dropped_event_batches_total");
+    assert!(
+        dropped >= missing as f64,
+        "{dropped} dropped counted, {missing} missing on the wire"
+    );
+
+    // The whole replay buffer rebuilds the cache the engine reports.
+    let mut held = std::collections::HashSet::new();
+    for (_, payload) in replay_from(inst.events[0].replay.as_ref().unwrap(), 0).await {
+        for e in decode_batch(&payload).unwrap().0.events {
+            match e {
+                KvEvent::BlockStored(s) => held.extend(s.block_hashes.iter().map(|h| h.to_u64())),
+                KvEvent::BlockRemoved(r) => {
+                    for h in &r.block_hashes {
+                        held.remove(&h.to_u64());
+                    }
+                }
+                KvEvent::AllBlocksCleared => held.clear(),
+            }
+        }
+    }
+    assert!(!held.is_empty());
+    assert_eq!(metric(&m, "kvgate_sim:cached_blocks"), held.len() as f64);
+    sim.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stalled_metrics_answer_late_unless_overridden() {
+    let sim = sim(&["--metrics-stall-ms", "3600000"]).await;
+    let http = sim.instances()[0].http;
+    let stalled = tokio::time::timeout(
+        Duration::from_millis(300),
+        request(http, "GET", "/metrics", None),
+    )
+    .await;
+    assert!(stalled.is_err(), "an hour-long stall answered");
+    let r = request(http, "GET", "/metrics?stall_ms=0", None).await;
+    assert_eq!(r.status, 200);
+    assert!(String::from_utf8_lossy(&r.body).contains("kvgate_sim:cached_blocks"));
+    // Other routes are not stalled.
+    assert_eq!(request(http, "GET", "/health", None).await.status, 200);
+    sim.shutdown().await;
+}
