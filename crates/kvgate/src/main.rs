@@ -4,6 +4,7 @@
 use clap::{Parser, Subcommand, ValueEnum};
 
 mod demo;
+mod doctor;
 mod epp;
 mod serve;
 
@@ -42,6 +43,8 @@ enum Command {
     Tokenize(kvgate_tokenize::cli::TokenizeArgs),
     /// Compare local tokenization with a live vLLM `/render` (or the goldens) over a corpus.
     Parity(kvgate_tokenize::cli::ParityArgs),
+    /// Check engines for precise routing: models, KV cache, KV events, replay, tokenization.
+    Doctor(doctor::DoctorArgs),
 }
 
 fn init_logging(format: LogFormat) {
@@ -116,6 +119,18 @@ fn parity_main(args: &kvgate_tokenize::cli::ParityArgs) -> std::process::ExitCod
     }
 }
 
+/// Exit 0 when every engine is ready for precise routing, 1 otherwise (2 on a usage error).
+fn doctor_main(args: &doctor::DoctorArgs) -> std::process::ExitCode {
+    match doctor::main(args) {
+        Ok(true) => std::process::ExitCode::SUCCESS,
+        Ok(false) => std::process::ExitCode::FAILURE,
+        Err(e) => {
+            eprintln!("kvgate: {e:#}");
+            std::process::ExitCode::from(2)
+        }
+    }
+}
+
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     init_logging(cli.log_format);
@@ -127,6 +142,7 @@ fn main() -> std::process::ExitCode {
         Command::Sim(args) => sim_main(args),
         Command::Tokenize(args) => tokenize_main(&args),
         Command::Parity(args) => return parity_main(&args),
+        Command::Doctor(args) => return doctor_main(&args),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -1,10 +1,11 @@
 //! `index.html`: the report's tables as HTML with the SVG charts inlined.
 
 use minijinja::HtmlEscape;
+use pulldown_cmark::{Event, Options, Parser};
 
 use super::Table;
 
-/// The whole page. `extra` (markdown) is shown preformatted.
+/// The whole page. `extra` (markdown) is rendered as HTML (raw HTML in it is escaped).
 pub(super) fn page(tables: &[Table], extra: Option<&str>, svgs: &[&str]) -> String {
     let mut out = String::from(
         "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n\
@@ -38,7 +39,7 @@ pub(super) fn page(tables: &[Table], extra: Option<&str>, svgs: &[&str]) -> Stri
         out.push_str("</table>\n");
     }
     if let Some(extra) = extra {
-        out.push_str(&format!("<pre>{}</pre>\n", HtmlEscape(extra)));
+        out.push_str(&markdown_to_html(extra));
     }
     for svg in svgs {
         out.push_str("<figure>\n");
@@ -47,6 +48,17 @@ pub(super) fn page(tables: &[Table], extra: Option<&str>, svgs: &[&str]) -> Stri
     }
     out.push_str("</body>\n</html>\n");
     out
+}
+
+/// CommonMark (with tables) to HTML; raw HTML blocks and inline HTML are shown as text.
+fn markdown_to_html(markdown: &str) -> String {
+    let events = Parser::new_ext(markdown, Options::ENABLE_TABLES).map(|e| match e {
+        Event::Html(raw) | Event::InlineHtml(raw) => Event::Text(raw),
+        other => other,
+    });
+    let mut html = String::new();
+    pulldown_cmark::html::push_html(&mut html, events);
+    html
 }
 
 fn strip_xml_declaration(svg: &str) -> &str {
@@ -72,14 +84,36 @@ mod tests {
             "<h2>a&lt;b&gt;</h2>",
             "<th>&amp;&quot;c&#x27;</th>",
             "<td>plain</td>",
-            "<pre>&lt;&#x2f;pre&gt;</pre>",
+            "&lt;/pre&gt;",
         ] {
             assert!(html.contains(want), "{want}: {html}");
         }
+        assert!(
+            !html.contains("</pre>"),
+            "raw HTML in the markdown passed through: {html}"
+        );
         assert_eq!(
             strip_xml_declaration("<?xml version=\"1.0\"?>\n<svg/>"),
             "<svg/>"
         );
         assert_eq!(strip_xml_declaration("<svg/>"), "<svg/>");
+    }
+
+    #[test]
+    fn plain_words_markdown_is_rendered_as_html() {
+        // The shape `kvgate demo` passes: a heading and a fenced block of printed lines.
+        let extra = "### In plain words\n\nPrecise routing *won*:\n\n- TTFT p50 `12 ms` <b>\n- hits 80%\n\n```\nprecise  12 ms\nround-robin 40 ms & more\n```\n";
+        let html = page(&[], Some(extra), &[]);
+        for want in [
+            "<h3>In plain words</h3>",
+            "<p>Precise routing <em>won</em>:</p>",
+            "<li>TTFT p50 <code>12 ms</code> &lt;b&gt;</li>",
+            "<pre><code>precise  12 ms\nround-robin 40 ms &amp; more\n</code></pre>",
+        ] {
+            assert!(html.contains(want), "{want}: {html}");
+        }
+        assert!(!html.contains("### "), "{html}");
+        assert!(!html.contains("```"), "{html}");
+        assert!(!html.contains("<b>"), "{html}");
     }
 }

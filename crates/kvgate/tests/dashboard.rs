@@ -1,0 +1,222 @@
+//! The Grafana dashboard (`deploy/grafana/kvgate-dashboard.json`) queries only metrics a
+//! running `kvgate serve` exports: a proxy in front of a `kvgate sim` fleet (and one dead
+//! endpoint, for ejections and retries) serves a few requests, then every `kvgate_*` name in
+//! every panel's `expr` must be a sample name on its admin `/metrics`.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::{
+    collections::BTreeSet,
+    io::{BufRead, BufReader, Read, Write},
+    net::{SocketAddr, TcpListener, TcpStream},
+    process::{Child, Command, Stdio},
+    sync::mpsc,
+    time::{Duration, Instant},
+};
+
+use serde_json::Value;
+
+const MODEL: &str = "Qwen/Qwen3-0.6B";
+const DASHBOARD: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../../deploy/grafana/kvgate-dashboard.json"
+);
+
+/// A `kvgate` child process, killed on drop; its JSON log lines arrive on `log`.
+struct Kvgate {
+    child: Child,
+    log: mpsc::Receiver<Value>,
+}
+
+impl Drop for Kvgate {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Kvgate {
+    fn start(args: &[&str]) -> Kvgate {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_kvgate"))
+            .args(["--log-format", "json"])
+            .args(args)
+            .env("KVGATE_LOG", "info")
+            .stderr(Stdio::piped())
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap();
+        let stderr = child.stderr.take().unwrap();
+        let (tx, log) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if let Ok(v) = serde_json::from_str(&line) {
+                    let _ = tx.send(v);
+                }
+            }
+        });
+        Kvgate { child, log }
+    }
+
+    /// The fields of the next `n` log lines whose message is `message` (panics after 60 s).
+    fn wait_for(&self, message: &str, n: usize) -> Vec<Value> {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let mut found = Vec::new();
+        while found.len() < n {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let line = self
+                .log
+                .recv_timeout(left)
+                .unwrap_or_else(|e| panic!("no `{message}` log line: {e}"));
+            let f = if line["fields"].is_object() {
+                line["fields"].clone()
+            } else {
+                line
+            };
+            if f["message"] == message {
+                found.push(f);
+            }
+        }
+        found
+    }
+}
+
+/// `(status, body)` of one `Connection: close` request (bodies are not chunked-decoded).
+fn exchange(addr: SocketAddr, method: &str, path: &str, body: &str) -> (u16, String) {
+    let mut stream = TcpStream::connect(addr).unwrap();
+    write!(
+        stream,
+        "{method} {path} HTTP/1.1\r\nhost: kvgate\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut raw = Vec::new();
+    stream.read_to_end(&mut raw).unwrap();
+    let raw = String::from_utf8_lossy(&raw).into_owned();
+    let (head, body) = raw.split_once("\r\n\r\n").unwrap();
+    (
+        head.split(' ').nth(1).unwrap().parse().unwrap(),
+        body.to_owned(),
+    )
+}
+
+/// Every `kvgate_…` identifier in a PromQL expression.
+fn metric_names(expr: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut rest = expr;
+    while let Some(i) = rest.find("kvgate_") {
+        let before = rest[..i].chars().next_back();
+        let tail = &rest[i..];
+        let end = tail
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .unwrap_or(tail.len());
+        if !before.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_') {
+            out.push(tail[..end].to_owned());
+        }
+        rest = &tail[end..];
+    }
+    out
+}
+
+#[test]
+fn every_dashboard_query_uses_a_metric_the_proxy_exports() {
+    let sim = Kvgate::start(&[
+        "sim",
+        "--port",
+        "0",
+        "--instances",
+        "2",
+        "--model",
+        MODEL,
+        "--kv-events-endpoint",
+        "tcp://127.0.0.1:0",
+        "--prefill-base-ms",
+        "1",
+        "--itl-ms",
+        "0.2",
+    ]);
+    let engines = sim.wait_for("kvgate sim listening", 2);
+    let dead = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let mut flags: Vec<String> = engines
+        .iter()
+        .map(|f| {
+            let events: Vec<String> = serde_json::from_str(f["events"].as_str().unwrap()).unwrap();
+            format!("http://{},kv={}", f["http"].as_str().unwrap(), events[0])
+        })
+        .collect();
+    flags.push(format!("http://{dead},model={MODEL},block_size=16"));
+    let mut args = vec![
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--admin-listen",
+        "127.0.0.1:0",
+    ];
+    for f in &flags {
+        args.extend(["--endpoint", f.as_str()]);
+    }
+    let proxy = Kvgate::start(&args);
+    let served = proxy.wait_for("kvgate serving", 1).remove(0);
+    let listen: SocketAddr = served["listen"].as_str().unwrap().parse().unwrap();
+    let admin: SocketAddr = served["admin"].as_str().unwrap().parse().unwrap();
+
+    // A request kvgate answers itself (415), for `kvgate_request_errors_total`.
+    let (status, _) = exchange(listen, "POST", "/v1/chat/completions", "not json");
+    assert!(status >= 400, "{status}");
+    // Routed requests until the dead endpoint has cost a retry (it is picked, fails to
+    // connect, is ejected and the request is retried elsewhere).
+    let mut metrics = String::new();
+    for i in 0..200 {
+        let body = format!(
+            r#"{{"model":"{MODEL}","messages":[{{"role":"user","content":"tell story {i} about caches"}}],"max_tokens":4}}"#
+        );
+        let (status, text) = exchange(listen, "POST", "/v1/chat/completions", &body);
+        assert_eq!(status, 200, "{text}");
+        if i % 4 == 3 {
+            let (status, m) = exchange(admin, "GET", "/metrics", "");
+            assert_eq!(status, 200);
+            metrics = m;
+            if metrics.contains("kvgate_upstream_retries_total{") {
+                break;
+            }
+        }
+    }
+    let exported: BTreeSet<&str> = metrics
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| l.split(['{', ' ']).next())
+        .filter(|n| n.starts_with("kvgate_"))
+        .collect();
+
+    let dashboard: Value =
+        serde_json::from_str(&std::fs::read_to_string(DASHBOARD).unwrap()).unwrap();
+    assert_eq!(dashboard["schemaVersion"], 39);
+    assert!(
+        dashboard["templating"]["list"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|v| v["type"] == "datasource" && v["query"] == "prometheus")
+    );
+    let mut checked = 0;
+    let mut missing = Vec::new();
+    for panel in dashboard["panels"].as_array().unwrap() {
+        for target in panel["targets"].as_array().into_iter().flatten() {
+            let expr = target["expr"].as_str().unwrap();
+            let names = metric_names(expr);
+            assert!(!names.is_empty(), "no kvgate metric in `{expr}`");
+            for name in names {
+                checked += 1;
+                if !exported.contains(name.as_str()) {
+                    missing.push(format!("{} ({name})", panel["title"]));
+                }
+            }
+        }
+    }
+    assert!(checked > 20, "only {checked} metric uses checked");
+    assert!(
+        missing.is_empty(),
+        "not exported: {missing:#?}\nexported: {exported:#?}"
+    );
+}
