@@ -6,99 +6,20 @@
 
 use std::{
     collections::BTreeSet,
-    io::{BufRead, BufReader, Read, Write},
-    net::{SocketAddr, TcpListener, TcpStream},
-    process::{Child, Command, Stdio},
-    sync::mpsc,
-    time::{Duration, Instant},
+    net::{SocketAddr, TcpListener},
 };
 
 use serde_json::Value;
 
-const MODEL: &str = "Qwen/Qwen3-0.6B";
+mod common;
+
+use common::*;
+
 const DASHBOARD: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
     "/../../deploy/grafana/kvgate-dashboard.json"
 );
 
-/// A `kvgate` child process, killed on drop; its JSON log lines arrive on `log`.
-struct Kvgate {
-    child: Child,
-    log: mpsc::Receiver<Value>,
-}
-
-impl Drop for Kvgate {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Kvgate {
-    fn start(args: &[&str]) -> Kvgate {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_kvgate"))
-            .args(["--log-format", "json"])
-            .args(args)
-            .env("KVGATE_LOG", "info")
-            .stderr(Stdio::piped())
-            .stdout(Stdio::null())
-            .spawn()
-            .unwrap();
-        let stderr = child.stderr.take().unwrap();
-        let (tx, log) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                if let Ok(v) = serde_json::from_str(&line) {
-                    let _ = tx.send(v);
-                }
-            }
-        });
-        Kvgate { child, log }
-    }
-
-    /// The fields of the next `n` log lines whose message is `message` (panics after 60 s).
-    fn wait_for(&self, message: &str, n: usize) -> Vec<Value> {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        let mut found = Vec::new();
-        while found.len() < n {
-            let left = deadline.saturating_duration_since(Instant::now());
-            let line = self
-                .log
-                .recv_timeout(left)
-                .unwrap_or_else(|e| panic!("no `{message}` log line: {e}"));
-            let f = if line["fields"].is_object() {
-                line["fields"].clone()
-            } else {
-                line
-            };
-            if f["message"] == message {
-                found.push(f);
-            }
-        }
-        found
-    }
-}
-
-/// `(status, body)` of one `Connection: close` request (bodies are not chunked-decoded).
-fn exchange(addr: SocketAddr, method: &str, path: &str, body: &str) -> (u16, String) {
-    let mut stream = TcpStream::connect(addr).unwrap();
-    write!(
-        stream,
-        "{method} {path} HTTP/1.1\r\nhost: kvgate\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
-    let mut raw = Vec::new();
-    stream.read_to_end(&mut raw).unwrap();
-    let raw = String::from_utf8_lossy(&raw).into_owned();
-    let (head, body) = raw.split_once("\r\n\r\n").unwrap();
-    (
-        head.split(' ').nth(1).unwrap().parse().unwrap(),
-        body.to_owned(),
-    )
-}
-
-/// Every `kvgate_…` identifier in a PromQL expression.
 fn metric_names(expr: &str) -> Vec<String> {
     let mut out = Vec::new();
     let mut rest = expr;
@@ -162,7 +83,7 @@ fn every_dashboard_query_uses_a_metric_the_proxy_exports() {
     let admin: SocketAddr = served["admin"].as_str().unwrap().parse().unwrap();
 
     // A request kvgate answers itself (415), for `kvgate_request_errors_total`.
-    let (status, _) = exchange(listen, "POST", "/v1/chat/completions", "not json");
+    let (status, _, _) = exchange(listen, "POST", "/v1/chat/completions", "not json");
     assert!(status >= 400, "{status}");
     // Routed requests until the dead endpoint has cost a retry (it is picked, fails to
     // connect, is ejected and the request is retried elsewhere).
@@ -171,10 +92,10 @@ fn every_dashboard_query_uses_a_metric_the_proxy_exports() {
         let body = format!(
             r#"{{"model":"{MODEL}","messages":[{{"role":"user","content":"tell story {i} about caches"}}],"max_tokens":4}}"#
         );
-        let (status, text) = exchange(listen, "POST", "/v1/chat/completions", &body);
+        let (status, _, text) = exchange(listen, "POST", "/v1/chat/completions", &body);
         assert_eq!(status, 200, "{text}");
         if i % 4 == 3 {
-            let (status, m) = exchange(admin, "GET", "/metrics", "");
+            let (status, _, m) = exchange(admin, "GET", "/metrics", "");
             assert_eq!(status, 200);
             metrics = m;
             if metrics.contains("kvgate_upstream_retries_total{") {

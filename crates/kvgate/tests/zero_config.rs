@@ -7,86 +7,17 @@
 
 use std::{
     collections::HashMap,
-    io::{BufRead, BufReader, Read, Write},
+    io::{Read, Write},
     net::{SocketAddr, TcpListener, TcpStream},
-    process::{Child, Command, Stdio},
-    sync::{Arc, Mutex, mpsc},
+    sync::{Arc, Mutex},
     time::{Duration, Instant},
 };
 
 use serde_json::{Value, json};
 
-const MODEL: &str = "Qwen/Qwen3-0.6B";
-const TOKENIZER: &str = concat!(
-    env!("CARGO_MANIFEST_DIR"),
-    "/../../testdata/tokenizers/qwen3"
-);
+mod common;
 
-/// A `kvgate` child process, killed on drop; its JSON log lines arrive on `log`.
-struct Kvgate {
-    child: Child,
-    log: mpsc::Receiver<Value>,
-}
-
-impl Drop for Kvgate {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Kvgate {
-    fn start(args: &[String]) -> Kvgate {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_kvgate"))
-            .args(["--log-format", "json"])
-            .args(args)
-            .env("KVGATE_LOG", "info")
-            .stderr(Stdio::piped())
-            .stdout(Stdio::null())
-            .spawn()
-            .unwrap();
-        let stderr = child.stderr.take().unwrap();
-        let (tx, log) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                if let Ok(v) = serde_json::from_str(&line) {
-                    let _ = tx.send(v);
-                }
-            }
-        });
-        Kvgate { child, log }
-    }
-
-    /// Log lines up to and including the first one `done` accepts (panics after 60 s).
-    fn lines_until(&self, mut done: impl FnMut(&Value) -> bool) -> Vec<Value> {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        let mut lines = Vec::new();
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            let line = self
-                .log
-                .recv_timeout(left)
-                .unwrap_or_else(|e| panic!("log line not seen: {e}; so far: {lines:#?}"));
-            let stop = done(&line);
-            lines.push(line);
-            if stop {
-                return lines;
-            }
-        }
-    }
-
-    /// Log lines that arrived so far, without waiting.
-    fn drain(&self) -> Vec<Value> {
-        self.log.try_iter().collect()
-    }
-}
-
-fn message(line: &Value) -> &str {
-    line["fields"]["message"]
-        .as_str()
-        .or(line["message"].as_str())
-        .unwrap_or_default()
-}
+use common::*;
 
 /// One engine of a `kvgate sim` fleet.
 struct Engine {
@@ -247,48 +178,6 @@ fn serve(flags: &[String]) -> (Kvgate, Vec<Value>, SocketAddr, SocketAddr) {
     let listen = f["listen"].as_str().unwrap().parse().unwrap();
     let admin = f["admin"].as_str().unwrap().parse().unwrap();
     (router, lines, listen, admin)
-}
-
-/// `(status, lower-cased head, body)` of one `Connection: close` request.
-fn exchange(addr: SocketAddr, method: &str, path: &str, body: &str) -> (u16, String, String) {
-    let mut stream = TcpStream::connect(addr).unwrap();
-    write!(
-        stream,
-        "{method} {path} HTTP/1.1\r\nhost: kvgate\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
-    let mut raw = Vec::new();
-    stream.read_to_end(&mut raw).unwrap();
-    let raw = String::from_utf8(raw).unwrap();
-    let (head, body) = raw.split_once("\r\n\r\n").unwrap();
-    let status = head.split(' ').nth(1).unwrap().parse().unwrap();
-    let head = head.to_ascii_lowercase();
-    let body = if head.contains("transfer-encoding: chunked") {
-        dechunk(body)
-    } else {
-        body.to_owned()
-    };
-    (status, head, body)
-}
-
-fn dechunk(mut s: &str) -> String {
-    let mut out = String::new();
-    while let Some((size, rest)) = s.split_once("\r\n") {
-        let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
-        if n == 0 {
-            break;
-        }
-        out.push_str(&rest[..n]);
-        s = &rest[n + 2..];
-    }
-    out
-}
-
-fn header(head: &str, name: &str) -> Option<String> {
-    head.lines()
-        .find_map(|l| l.strip_prefix(&format!("{name}: ")))
-        .map(|v| v.trim().to_owned())
 }
 
 /// One follow-up turn: which engine served it, predicted and realized cached tokens.

@@ -1,0 +1,156 @@
+//! Helpers shared by the end-to-end tests that run the `kvgate` binary: a child process whose
+//! JSON log lines can be waited on, and one-shot HTTP/1.1 exchanges.
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
+
+use std::{
+    ffi::OsStr,
+    io::{BufRead, BufReader, Read, Write},
+    net::{SocketAddr, TcpStream},
+    process::{Child, Command, Stdio},
+    sync::mpsc,
+    time::{Duration, Instant},
+};
+
+use serde_json::Value;
+
+pub(crate) const MODEL: &str = "Qwen/Qwen3-0.6B";
+pub(crate) const TOKENIZER: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../../testdata/tokenizers/qwen3"
+);
+
+/// A `kvgate` child process, killed on drop; its JSON log lines arrive on `log`.
+pub(crate) struct Kvgate {
+    child: Child,
+    log: mpsc::Receiver<Value>,
+}
+
+impl Drop for Kvgate {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Kvgate {
+    /// Starts `kvgate ARGS` with JSON logs at info level.
+    pub(crate) fn start<S: AsRef<OsStr>>(args: &[S]) -> Kvgate {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_kvgate"))
+            .args(["--log-format", "json"])
+            .args(args)
+            .env("KVGATE_LOG", "info")
+            .stderr(Stdio::piped())
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap();
+        let stderr = child.stderr.take().unwrap();
+        let (tx, log) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if let Ok(v) = serde_json::from_str(&line) {
+                    let _ = tx.send(v);
+                }
+            }
+        });
+        Kvgate { child, log }
+    }
+
+    /// Log lines up to and including the first one `done` accepts (panics after 60 s).
+    pub(crate) fn lines_until(&self, mut done: impl FnMut(&Value) -> bool) -> Vec<Value> {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let mut lines = Vec::new();
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let line = self
+                .log
+                .recv_timeout(left)
+                .unwrap_or_else(|e| panic!("log line not seen: {e}; so far: {lines:#?}"));
+            let stop = done(&line);
+            lines.push(line);
+            if stop {
+                return lines;
+            }
+        }
+    }
+
+    /// The fields of the next `n` log lines whose message is `message` (panics after 60 s).
+    pub(crate) fn wait_for(&self, message_text: &str, n: usize) -> Vec<Value> {
+        let mut found = Vec::new();
+        while found.len() < n {
+            let lines = self.lines_until(|l| message(l) == message_text);
+            found.extend(lines.last().map(fields));
+        }
+        found
+    }
+
+    /// Log lines that arrived so far, without waiting.
+    pub(crate) fn drain(&self) -> Vec<Value> {
+        self.log.try_iter().collect()
+    }
+}
+
+/// A log line's fields (tracing's JSON puts them under `fields`).
+pub(crate) fn fields(line: &Value) -> Value {
+    if line["fields"].is_object() {
+        line["fields"].clone()
+    } else {
+        line.clone()
+    }
+}
+
+/// A log line's message.
+pub(crate) fn message(line: &Value) -> &str {
+    line["fields"]["message"]
+        .as_str()
+        .or(line["message"].as_str())
+        .unwrap_or_default()
+}
+
+/// `(status, lower-cased head, body)` of one `Connection: close` request (a chunked body is
+/// decoded).
+pub(crate) fn exchange(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    body: &str,
+) -> (u16, String, String) {
+    let mut stream = TcpStream::connect(addr).unwrap();
+    write!(
+        stream,
+        "{method} {path} HTTP/1.1\r\nhost: kvgate\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut raw = Vec::new();
+    stream.read_to_end(&mut raw).unwrap();
+    let raw = String::from_utf8_lossy(&raw).into_owned();
+    let (head, body) = raw.split_once("\r\n\r\n").unwrap();
+    let status = head.split(' ').nth(1).unwrap().parse().unwrap();
+    let head = head.to_ascii_lowercase();
+    let body = if head.contains("transfer-encoding: chunked") {
+        dechunk(body)
+    } else {
+        body.to_owned()
+    };
+    (status, head, body)
+}
+
+fn dechunk(mut s: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, rest)) = s.split_once("\r\n") {
+        let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
+        if n == 0 {
+            break;
+        }
+        out.push_str(&rest[..n]);
+        s = &rest[n + 2..];
+    }
+    out
+}
+
+/// A header's value in a lower-cased head.
+pub(crate) fn header(head: &str, name: &str) -> Option<String> {
+    head.lines()
+        .find_map(|l| l.strip_prefix(&format!("{name}: ")))
+        .map(|v| v.trim().to_owned())
+}
