@@ -1,64 +1,15 @@
 //! End to end: `kvgate serve --config FILE` with its admin listener, and a config reload.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::{
-    io::{BufRead, BufReader, Read, Write},
-    net::{SocketAddr, TcpStream},
-    path::PathBuf,
-    process::{Child, Command, Stdio},
-    sync::mpsc,
-    time::{Duration, Instant},
-};
+use std::{net::SocketAddr, path::PathBuf};
 
-/// The `kvgate serve` child, killed on drop; its log lines arrive on `log`.
-struct Serve {
-    child: Child,
-    log: mpsc::Receiver<serde_json::Value>,
-}
+mod common;
 
-impl Drop for Serve {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
+use common::*;
 
-impl Serve {
-    fn start(config: &PathBuf) -> Serve {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_kvgate"))
-            .args(["--log-format", "json", "serve", "--config"])
-            .arg(config)
-            .env("KVGATE_LOG", "info")
-            .stderr(Stdio::piped())
-            .stdout(Stdio::null())
-            .spawn()
-            .unwrap();
-        let stderr = child.stderr.take().unwrap();
-        let (tx, log) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                if let Ok(v) = serde_json::from_str(&line) {
-                    let _ = tx.send(v);
-                }
-            }
-        });
-        Serve { child, log }
-    }
-
-    /// The next log line whose message is `message` (panics after 30 s).
-    fn wait_for(&self, message: &str) -> serde_json::Value {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            let line = self
-                .log
-                .recv_timeout(left)
-                .unwrap_or_else(|e| panic!("no `{message}` log line: {e}"));
-            if line["message"] == message {
-                return line;
-            }
-        }
-    }
+/// `kvgate serve --config FILE`.
+fn start_serve(config: &std::path::Path) -> Kvgate {
+    Kvgate::start(&["serve".as_ref(), "--config".as_ref(), config.as_os_str()])
 }
 
 /// A loopback address where nothing listens.
@@ -84,23 +35,8 @@ fn config_yaml(endpoints: &[SocketAddr]) -> String {
     yaml
 }
 
-/// `(status, headers, body)` of one `Connection: close` request.
-fn exchange(addr: SocketAddr, method: &str, path: &str) -> (u16, String, String) {
-    let mut stream = TcpStream::connect(addr).unwrap();
-    write!(
-        stream,
-        "{method} {path} HTTP/1.1\r\nhost: admin\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut raw = String::new();
-    stream.read_to_string(&mut raw).unwrap();
-    let (head, body) = raw.split_once("\r\n\r\n").unwrap();
-    let status = head.split(' ').nth(1).unwrap().parse().unwrap();
-    (status, head.to_ascii_lowercase(), body.to_owned())
-}
-
 fn endpoint_count(admin: SocketAddr) -> usize {
-    let (status, _, body) = exchange(admin, "GET", "/debug/state.json");
+    let (status, _, body) = exchange(admin, "GET", "/debug/state.json", "");
     assert_eq!(status, 200, "{body}");
     let state: serde_json::Value = serde_json::from_str(&body).unwrap();
     state["endpoints"].as_array().unwrap().len()
@@ -116,17 +52,17 @@ fn admin_routes_and_reload_on_content_change() {
     let file = TempFile(path);
     let (a, b) = (dead_addr(), dead_addr());
     std::fs::write(&file.0, config_yaml(&[a])).unwrap();
-    let serve = Serve::start(&file.0);
-    let started = serve.wait_for("kvgate serving");
+    let serve = start_serve(&file.0);
+    let started = serve.wait_for("kvgate serving", 1).remove(0);
     let admin: SocketAddr = started["admin"].as_str().unwrap().parse().unwrap();
 
-    let (status, _, body) = exchange(admin, "GET", "/health");
+    let (status, _, body) = exchange(admin, "GET", "/health", "");
     assert_eq!((status, body.as_str()), (200, "ok\n"));
-    let (status, head, body) = exchange(admin, "POST", "/metrics");
+    let (status, head, body) = exchange(admin, "POST", "/metrics", "");
     assert_eq!(status, 405, "{body}");
     assert!(head.contains("\r\nallow: get,head"), "{head}");
     assert!(body.contains(r#""code":"method_not_allowed""#), "{body}");
-    let (status, _, body) = exchange(admin, "GET", "/nope");
+    let (status, _, body) = exchange(admin, "GET", "/nope", "");
     assert_eq!(status, 404, "{body}");
     assert!(body.contains(r#""code":"not_found""#), "{body}");
     assert_eq!(endpoint_count(admin), 1);
@@ -136,7 +72,7 @@ fn admin_routes_and_reload_on_content_change() {
     let next = TempFile(file.0.with_extension("next"));
     std::fs::write(&next.0, config_yaml(&[a, b])).unwrap();
     std::fs::rename(&next.0, &file.0).unwrap();
-    serve.wait_for("config file reloaded");
+    serve.wait_for("config file reloaded", 1).remove(0);
     assert_eq!(endpoint_count(admin), 2);
 }
 
@@ -168,8 +104,8 @@ fn endpoints_file_is_watched_and_a_config_reload_keeps_its_endpoints() {
         list.0.display()
     );
     std::fs::write(&config.0, &config_text).unwrap();
-    let serve = Serve::start(&config.0);
-    let started = serve.wait_for("kvgate serving");
+    let serve = start_serve(&config.0);
+    let started = serve.wait_for("kvgate serving", 1).remove(0);
     let admin: SocketAddr = started["admin"].as_str().unwrap().parse().unwrap();
     assert_eq!(
         endpoint_count(admin),
@@ -178,11 +114,11 @@ fn endpoints_file_is_watched_and_a_config_reload_keeps_its_endpoints() {
     );
 
     replace(&list.0, list_yaml(&[a, b]));
-    serve.wait_for("discovered endpoints applied");
+    serve.wait_for("discovered endpoints applied", 1).remove(0);
     assert_eq!(endpoint_count(admin), 2, "the file's new endpoint");
 
     replace(&config.0, format!("{config_text}seed: 7\n"));
-    serve.wait_for("config file reloaded");
+    serve.wait_for("config file reloaded", 1).remove(0);
     assert_eq!(
         endpoint_count(admin),
         2,
