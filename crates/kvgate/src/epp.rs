@@ -6,10 +6,8 @@
 use std::{net::SocketAddr, sync::Arc, time::Duration};
 
 use anyhow::Context;
-use kvgate_proxy::Proxy;
-use prometheus_client::registry::Registry;
 
-use crate::serve::{self, SeenConfig, ServeArgs};
+use crate::serve::{self, ServeArgs};
 
 /// Default ext_proc listen address (the port llm-d's EPP uses).
 const DEFAULT_EPP_LISTEN: SocketAddr =
@@ -51,32 +49,21 @@ pub(crate) fn main(args: EppArgs) -> anyhow::Result<()> {
         .context("starting the async runtime")?;
     let serve_args = Arc::new(serve_args);
     runtime.block_on(async move {
-        let mut registry = Registry::default();
-        let sources = serve::discover::EndpointSources::new(&config);
-        let proxy = Proxy::new(config.clone(), &mut registry)?;
-        let _discovery = serve::discover::start(&config, &sources, &proxy, &mut registry).await?;
-        let listener = tokio::net::TcpListener::bind(listen)
-            .await
-            .with_context(|| format!("binding {listen}"))?;
-        let admin = tokio::net::TcpListener::bind(admin_listen)
-            .await
-            .with_context(|| format!("binding admin {admin_listen}"))?;
-        tracing::info!(
-            listen = %listener.local_addr()?,
-            admin = %admin.local_addr()?,
-            endpoints = proxy.endpoints().len(),
-            "kvgate ext_proc endpoint picker serving"
-        );
-        if let (Some(path), Some(text)) = (serve_args.config.clone(), text) {
-            let seen = SeenConfig(text);
-            tokio::spawn(serve::watch_config(
-                path,
-                seen,
-                serve_args.clone(),
-                proxy.clone(),
-                sources,
-            ));
-        }
+        let serve::Started {
+            proxy,
+            registry,
+            listener,
+            admin,
+            _discovery,
+        } = serve::start(
+            config,
+            &serve_args,
+            text,
+            listen,
+            admin_listen,
+            "kvgate ext_proc endpoint picker serving",
+        )
+        .await?;
         let side = proxy.spawn_side_tasks(admin, Arc::new(registry)).await?;
         let options = kvgate_epp::EppOptions {
             drain_timeout,

@@ -109,35 +109,14 @@ pub(crate) fn main(args: ServeArgs) -> anyhow::Result<()> {
         .context("starting the async runtime")?;
     let args = Arc::new(args);
     runtime.block_on(async move {
-        let mut registry = Registry::default();
-        let sources = discover::EndpointSources::new(&config);
-        let proxy = Proxy::new(config.clone(), &mut registry)?;
-        // What the engines say about themselves (models, block size), and the tokenizer
-        // chain of each model they serve, before the first request.
-        proxy.refresh_models().await;
-        let _discovery = discover::start(&config, &sources, &proxy, &mut registry).await?;
-        let listener = tokio::net::TcpListener::bind(listen)
-            .await
-            .with_context(|| format!("binding {listen}"))?;
-        let admin = tokio::net::TcpListener::bind(admin_listen)
-            .await
-            .with_context(|| format!("binding admin {admin_listen}"))?;
-        tracing::info!(
-            listen = %listener.local_addr()?,
-            admin = %admin.local_addr()?,
-            endpoints = proxy.endpoints().len(),
-            "kvgate serving"
-        );
-        if let (Some(path), Some(text)) = (args.config.clone(), text) {
-            let seen = SeenConfig(text);
-            tokio::spawn(watch_config(
-                path,
-                seen,
-                args.clone(),
-                proxy.clone(),
-                sources,
-            ));
-        }
+        let started = start(config, &args, text, listen, admin_listen, "kvgate serving").await?;
+        let Started {
+            proxy,
+            registry,
+            listener,
+            admin,
+            _discovery,
+        } = started;
         kvgate_proxy::run(
             listener,
             admin,
@@ -147,6 +126,63 @@ pub(crate) fn main(args: ServeArgs) -> anyhow::Result<()> {
         )
         .await?;
         Ok(())
+    })
+}
+
+/// What both front doors run on once started: the proxy, its metrics registry, the bound
+/// listeners, and the endpoint discovery (kept alive while serving).
+pub(crate) struct Started {
+    pub(crate) proxy: Arc<Proxy>,
+    pub(crate) registry: Registry,
+    pub(crate) listener: tokio::net::TcpListener,
+    pub(crate) admin: tokio::net::TcpListener,
+    pub(crate) _discovery: Option<kvgate_discovery::Discovery>,
+}
+
+/// The start-up both front doors share: the proxy, one pass of what the engines say about
+/// themselves (models, block size, each model's tokenizer chain) before the first request,
+/// endpoint discovery, both listeners bound, the `serving` log line (`what`), and the config
+/// file watcher when `--config` was given.
+pub(crate) async fn start(
+    config: ProxyConfig,
+    args: &Arc<ServeArgs>,
+    text: Option<String>,
+    listen: SocketAddr,
+    admin_listen: SocketAddr,
+    what: &str,
+) -> anyhow::Result<Started> {
+    let mut registry = Registry::default();
+    let sources = discover::EndpointSources::new(&config);
+    let proxy = Proxy::new(config.clone(), &mut registry)?;
+    proxy.refresh_models().await;
+    let _discovery = discover::start(&config, &sources, &proxy, &mut registry).await?;
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .with_context(|| format!("binding {listen}"))?;
+    let admin = tokio::net::TcpListener::bind(admin_listen)
+        .await
+        .with_context(|| format!("binding admin {admin_listen}"))?;
+    tracing::info!(
+        listen = %listener.local_addr()?,
+        admin = %admin.local_addr()?,
+        endpoints = proxy.endpoints().len(),
+        "{what}"
+    );
+    if let (Some(path), Some(text)) = (args.config.clone(), text) {
+        tokio::spawn(watch_config(
+            path,
+            SeenConfig(text),
+            args.clone(),
+            proxy.clone(),
+            sources,
+        ));
+    }
+    Ok(Started {
+        proxy,
+        registry,
+        listener,
+        admin,
+        _discovery,
     })
 }
 
