@@ -297,7 +297,7 @@ fn endpoints_alone_route_precisely_through_the_engine_render_endpoint() {
         "{line}"
     );
 
-    let chats = converse(proxy, 12, 4);
+    let chats = converse(proxy, 48, 4);
     let (holder, exact, all) = tally(&chats);
     eprintln!("follow-ups: {holder}/{all} on the holder, {exact}/{all} predicted = realized");
     assert!(holder * 100 >= all * 95, "{holder}/{all} on the holder");
@@ -335,7 +335,7 @@ fn a_named_local_tokenizer_is_used_and_render_is_not_called() {
     assert!(line.contains("local tokenizer named"), "{line}");
     assert!(!line.contains("render("), "{line}");
 
-    let chats = converse(proxy, 12, 4);
+    let chats = converse(proxy, 48, 4);
     let (holder, exact, all) = tally(&chats);
     eprintln!("follow-ups: {holder}/{all} on the holder, {exact}/{all} predicted = realized");
     assert!(holder * 100 >= all * 95, "{holder}/{all} on the holder");
