@@ -1,17 +1,20 @@
 //! Local-backend throughput: a cold ~5k-token chat beside the bare HF `tokenizers` encode
 //! of its rendered text (one group, so the ratio comes from one run), and an 8-turn
 //! conversation cold vs with the earlier turns in the segment cache (each iteration's last
-//! user turn is new).
+//! user turn is new). A long completions prompt whose leading 80 KB an earlier request
+//! encoded, full and as a prefix tokenization's first pass at 512 and 2,048 tokens, cold
+//! and with the earlier request's canonical chunks in the cache.
 //! Run: `cargo bench -p kvgate-tokenize --bench tokenize`.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: panics are failures
 
 use std::hint::black_box;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use kvgate_request::Api;
-use kvgate_tokenize::{LocalOptions, LocalTokenizer};
+use kvgate_tokenize::{LocalOptions, LocalTokenizer, PrefixSession};
 use serde_json::json;
 
 fn load(cache_tokens: u64) -> LocalTokenizer {
@@ -24,40 +27,55 @@ fn load(cache_tokens: u64) -> LocalTokenizer {
     .expect("tokenizer loads")
 }
 
+/// `words` words of `VOCAB`, a different text per `seed`.
+fn random_words(seed: u64, words: usize) -> String {
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..words)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            VOCAB[(x % VOCAB.len() as u64) as usize]
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+const VOCAB: &[&str] = &[
+    "the",
+    "router",
+    "sends",
+    "each",
+    "request",
+    "to",
+    "an",
+    "engine",
+    "whose",
+    "prefix",
+    "cache",
+    "already",
+    "holds",
+    "blocks",
+    "of",
+    "tokens",
+    "latency",
+    "drops",
+    "when",
+    "hits",
+    "are",
+    "high",
+    "模型",
+    "缓存",
+    "naïve",
+    "café",
+    "{\"k\": 1}",
+    "fn main()",
+    "3.14159",
+    "—",
+    "…",
+];
+
 fn paragraph(seed: usize, words: usize) -> String {
-    const VOCAB: &[&str] = &[
-        "the",
-        "router",
-        "sends",
-        "each",
-        "request",
-        "to",
-        "an",
-        "engine",
-        "whose",
-        "prefix",
-        "cache",
-        "already",
-        "holds",
-        "blocks",
-        "of",
-        "tokens",
-        "latency",
-        "drops",
-        "when",
-        "hits",
-        "are",
-        "high",
-        "模型",
-        "缓存",
-        "naïve",
-        "café",
-        "{\"k\": 1}",
-        "fn main()",
-        "3.14159",
-        "—",
-        "…",
-    ];
     (0..words)
         .map(|i| VOCAB[(seed * 31 + i * 17 + i / 7) % VOCAB.len()])
         .collect::<Vec<_>>()
@@ -152,6 +170,44 @@ fn benches(c: &mut Criterion) {
             black_box(cached.tokenize(Api::ChatCompletions, &body).expect("ok"))
         })
     });
+    g.finish();
+
+    // A Mooncake-like completions prompt: a long history an earlier request sent (and so
+    // encoded) followed by new text; the new part differs every iteration.
+    let history = random_words(1, 16_000);
+    let fresh = AtomicU64::new(2);
+    let body = |c: &AtomicU64| {
+        let new = random_words(c.fetch_add(1, Ordering::Relaxed), 4_000);
+        json!({"model": "qwen3", "prompt": format!("{history} {new}")})
+            .to_string()
+            .into_bytes()
+    };
+    let sample = body(&fresh);
+    let n = cold.tokenize(Api::Completions, &sample).expect("ok")[0]
+        .token_ids
+        .len();
+    let cached = Arc::new(load(4_000_000));
+    let cold = Arc::new(cold);
+    cached.tokenize(Api::Completions, &sample).expect("ok");
+    let mut g = c.benchmark_group("follow_up_completion");
+    g.throughput(Throughput::Elements(n as u64));
+    for (name, t) in [("cold", &cold), ("cached", &cached)] {
+        g.bench_function(format!("full_{name}_{n}_tokens"), |b| {
+            b.iter(|| black_box(t.tokenize(Api::Completions, &body(&fresh)).expect("ok")))
+        });
+    }
+    for budget in [512, 2048] {
+        for (name, t) in [("cold", &cold), ("cached", &cached)] {
+            g.bench_function(format!("first_pass_{budget}_{name}"), |b| {
+                b.iter(|| {
+                    let mut s = PrefixSession::new(Arc::clone(t), Api::Completions, &body(&fresh))
+                        .expect("renders");
+                    s.advance(budget).expect("encodes");
+                    black_box(s.encoded_tokens())
+                })
+            });
+        }
+    }
     g.finish();
 }
 

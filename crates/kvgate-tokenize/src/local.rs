@@ -227,12 +227,20 @@ impl LocalTokenizer {
         text: &str,
         add_special_tokens: bool,
     ) -> Result<Vec<u32>, BackendError> {
-        let res = if add_special_tokens {
-            self.tokenizer
+        let res = match (add_special_tokens, &self.prefix.specials) {
+            (false, _) => self.segments.encode(&self.tokenizer, text),
+            // A fixed post-processor frame: the text itself goes through the segment cache.
+            (true, Some((lead, trail))) => self.segments.encode(&self.tokenizer, text).map(|ids| {
+                let mut out = Vec::with_capacity(lead.len() + ids.len() + trail.len());
+                out.extend_from_slice(lead);
+                out.extend_from_slice(&ids);
+                out.extend_from_slice(trail);
+                out
+            }),
+            (true, None) => self
+                .tokenizer
                 .encode_fast(text, true)
-                .map(|e| e.get_ids().to_vec())
-        } else {
-            self.segments.encode(&self.tokenizer, text)
+                .map(|e| e.get_ids().to_vec()),
         };
         res.map_err(|e| BackendError::new(FallbackReason::EncodeError, e.to_string()))
     }

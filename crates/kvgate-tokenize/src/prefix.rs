@@ -13,9 +13,11 @@
 //! [`LocalTokenizer::tokenize`] does. As a further guard an incomplete prefix withholds its
 //! last [`SAFETY_MARGIN_TOKENS`] ids.
 //!
-//! Chunks go through the same segment cache as full encoding, so earlier chat turns still
-//! hit; the piece cut at the boundary is not cached. A session resumes where it stopped:
-//! growing a prefix from 2k to 4k tokens encodes only the second 2k.
+//! A session encodes the text in the segment cache's canonical chunks
+//! ([`crate::prefix_cache`]), the same ones full encoding uses, so whatever an earlier request
+//! encoded of the same leading bytes (a conversation's earlier turns, a shared document) is
+//! served from the cache, and what this session encodes serves the next one. A session
+//! resumes where it stopped: growing a prefix from 2k to 4k tokens encodes only the second 2k.
 
 use std::sync::Arc;
 
@@ -27,13 +29,9 @@ use crate::outcome::{BackendError, FallbackReason};
 /// Trailing ids of an incomplete prefix that are withheld (safety margin).
 pub const SAFETY_MARGIN_TOKENS: usize = 8;
 
-/// Bytes per token assumed before any of the text is encoded (English averages ~4.3 for
-/// modern BPE vocabularies; a low guess only makes the first chunk shorter).
+/// Bytes per token assumed for an estimate before any of the text is encoded (English
+/// averages ~4.3 for modern BPE vocabularies).
 const DEFAULT_BYTES_PER_TOKEN: f64 = 4.0;
-
-/// First budgets from this many tokens up are reached in two chunks: a quarter with the
-/// default bytes per token, then the rest with the ratio measured on it.
-const CALIBRATE_ABOVE: usize = 512;
 
 /// Texts whose clean boundaries the load-time probe checks.
 const PROBE_TEXTS: [&str; 3] = [
@@ -51,7 +49,7 @@ pub(crate) struct PrefixSupport {
     spaced_tokens: Vec<Vec<u8>>,
     /// Ids the post-processor puts before and after the text with `add_special_tokens`,
     /// when it is a fixed template (`None`: such prompts are encoded in one go).
-    specials: Option<(Vec<u32>, Vec<u32>)>,
+    pub(crate) specials: Option<(Vec<u32>, Vec<u32>)>,
 }
 
 impl PrefixSupport {
@@ -145,7 +143,7 @@ pub struct PrefixSession {
     add_special: bool,
     /// Ids before the text (post-processor specials), counted in `ids`.
     lead: usize,
-    /// `text[..pos]` is encoded; `pos` is a clean boundary, or `text.len()` when complete.
+    /// `text[..pos]` is encoded; `pos` is a canonical chunk end, or `text.len()` when complete.
     pos: usize,
     ids: Vec<u32>,
     complete: bool,
@@ -198,54 +196,27 @@ impl PrefixSession {
         s.splittable && (!self.add_special || s.specials.is_some()) && !self.segmented
     }
 
-    /// The clean boundary nearest below `target` (else above it), past `pos`.
-    fn boundary(&self, target: usize) -> Option<usize> {
-        let bytes = self.text.as_bytes();
-        let spaced = &self.tokenizer.prefix.spaced_tokens;
-        let ok = |b: &usize| is_boundary(bytes, *b, spaced);
-        ((self.pos + 1)..=target)
-            .rev()
-            .find(ok)
-            .or_else(|| ((target + 1)..bytes.len()).find(ok))
-    }
-
-    /// Encodes more of the prompt, until about `budget` ids in all (or the end).
+    /// Encodes more of the prompt, a canonical chunk at a time ([`crate::prefix_cache`]),
+    /// until at least `budget` ids in all (at most one chunk more) or the end. The chunks
+    /// are the ones full encoding of this text, or of any text that starts with the same
+    /// bytes, caches: a prefix that an earlier request encoded costs cache lookups.
     ///
     /// # Errors
     /// [`FallbackReason::EncodeError`], or `InvalidRequest` for a completions prompt that
     /// encodes to nothing (as full tokenization).
     pub fn advance(&mut self, budget: usize) -> Result<(), BackendError> {
-        if self.pos == 0 && budget >= CALIBRATE_ABOVE && self.splittable() {
-            // A first quarter measures this text's bytes per token for the rest.
-            self.advance_to(budget / 4)?;
-        }
-        self.advance_to(budget)
-    }
-
-    fn advance_to(&mut self, budget: usize) -> Result<(), BackendError> {
         if self.complete {
             return Ok(());
         }
-        let len = self.text.len();
-        let cut = if self.splittable() {
-            let have = self.ids.len().saturating_sub(self.lead);
-            let bpt = if self.pos > 0 && have > 0 {
-                self.pos as f64 / have as f64
-            } else {
-                DEFAULT_BYTES_PER_TOKEN
-            };
-            let need = budget.saturating_sub(self.ids.len()).max(1);
-            let target = self.pos.saturating_add((need as f64 * bpt).ceil() as usize);
-            if target >= len {
-                len
-            } else {
-                self.boundary(target).unwrap_or(len)
-            }
-        } else {
-            len
-        };
         let t = Arc::clone(&self.tokenizer);
-        if self.pos == 0 && cut == len {
+        let bytes = self.text.as_bytes();
+        let len = bytes.len();
+        let mut cut = if self.splittable() {
+            t.segments.next_cut(bytes, self.pos)
+        } else {
+            None
+        };
+        if self.pos == 0 && cut.is_none() {
             // All of it at once: exactly the full path.
             self.ids = t.encode(&self.text, self.add_special)?;
             empty_prompt(self.api, &self.ids)?;
@@ -260,21 +231,26 @@ impl PrefixSession {
             self.ids.extend_from_slice(lead);
             self.lead = lead.len();
         }
-        let chunk = t
-            .segments
-            .encode_chunk(&t.tokenizer, &self.text[self.pos..cut], cut == len)
-            .map_err(|e| BackendError::new(FallbackReason::EncodeError, e.to_string()))?;
-        self.ids.extend(chunk);
-        self.pos = cut;
-        if cut == len {
-            if self.add_special
-                && let Some((_, trail)) = &t.prefix.specials
-            {
-                self.ids.extend_from_slice(trail);
+        loop {
+            let end = cut.unwrap_or(len);
+            t.segments
+                .encode_clean(&t.tokenizer, &self.text[self.pos..end], true, &mut self.ids)
+                .map_err(|e| BackendError::new(FallbackReason::EncodeError, e.to_string()))?;
+            self.pos = end;
+            if end == len {
+                if self.add_special
+                    && let Some((_, trail)) = &t.prefix.specials
+                {
+                    self.ids.extend_from_slice(trail);
+                }
+                self.complete = true;
+                return Ok(());
             }
-            self.complete = true;
+            if self.ids.len() >= budget {
+                return Ok(());
+            }
+            cut = t.segments.next_cut(self.text.as_bytes(), self.pos);
         }
-        Ok(())
     }
 
     /// True when the whole prompt is encoded.

@@ -8,13 +8,20 @@
 //! multi-turn chat every earlier turn is a cache hit. The cache is only enabled when the
 //! split is provably the library's own: no added token strips whitespace around itself
 //! (`lstrip`/`rstrip`) or needs word boundaries (`single_word`). Encoding with
-//! `add_special_tokens = true` (post-processor templates) bypasses the cache.
+//! `add_special_tokens = true` goes through the cache when the post-processor frames every
+//! text with the same ids (probed at load, [`crate::prefix`]); otherwise it bypasses it.
 //!
-//! A long piece the cache does not hold is encoded in parts of about [`CHUNK_BYTES`] cut at
-//! clean boundaries ([`crate::prefix`]), when the tokenizer's load-time probe allows it: the
-//! ids are the same (`enc(a ++ b) = enc(a) ++ enc(b)` there, which complete prefix
-//! tokenizations already rely on), and the engine's per-byte working buffers (alignments,
-//! splits) stay in the CPU caches instead of growing to many times the prompt's size.
+//! When the tokenizer's load-time probe allows it, a piece is encoded in *canonical chunks*:
+//! each ends at the first clean boundary ([`crate::prefix`]) at least [`CHUNK_BYTES`] past
+//! its start, counted from the start of the piece. The ids are the same
+//! (`enc(a ++ b) = enc(a) ++ enc(b)` there, which complete prefix tokenizations already rely
+//! on), so a chunk's ids depend on its bytes alone and the cache holds chunks instead of
+//! whole pieces. Two prompts that share their first N bytes share every chunk that ends
+//! before N: a follow-up request, or a prompt that repeats a long document or another
+//! request's prefix, encodes only what is new, and a prefix tokenization
+//! ([`crate::PrefixSession`]) that stops at a chunk end leaves chunks the next request
+//! reuses. Encoding in parts also keeps the engine's per-byte working buffers (alignments,
+//! splits) in the CPU caches instead of growing to many times the prompt's size.
 
 use std::sync::Arc;
 
@@ -27,19 +34,27 @@ use crate::prefix::is_boundary;
 /// Pieces shorter than this are encoded directly: a lookup would cost as much.
 const MIN_CACHED_BYTES: usize = 16;
 
-/// Target length of the parts a long cold piece is encoded in (pieces shorter than twice
-/// this are encoded whole). On the `cold_chat` bench's 20 KB prompt, parts of 512 B to
-/// 4 KiB encode equally fast, in about 0.75× the CPU time of the whole text at once (the
-/// same instruction count: the gain is the working set).
+/// Least length of a canonical chunk, in bytes (a chunk runs on to the next clean
+/// boundary). On the `cold_chat` bench's 20 KB prompt, parts of 512 B to 4 KiB encode
+/// equally fast, in about 0.75× the CPU time of the whole text at once (the same
+/// instruction count: the gain is the working set).
 pub(crate) const CHUNK_BYTES: usize = 2048;
 
-/// Where and how long a cold piece may be cut ([`SegmentEncoder::chunk_at_clean_boundaries`]).
+/// Where and how long a piece is cut ([`SegmentEncoder::chunk_at_clean_boundaries`]).
 #[derive(Debug)]
 struct Chunking {
-    /// Target part length in bytes.
+    /// Least chunk length in bytes.
     bytes: usize,
     /// Added-token strings holding a space (a cut never falls inside one).
     spaced_tokens: Vec<Vec<u8>>,
+}
+
+impl Chunking {
+    /// The end of the canonical chunk starting at `start`: the first clean boundary at or
+    /// past `start + bytes`, if there is one before the end of `text`.
+    fn next_cut(&self, text: &[u8], start: usize) -> Option<usize> {
+        ((start + self.bytes)..text.len()).find(|&b| is_boundary(text, b, &self.spaced_tokens))
+    }
 }
 
 /// Splits text at raw-matched added tokens and caches each piece's ids.
@@ -98,8 +113,8 @@ impl SegmentEncoder {
         }
     }
 
-    /// Encodes cold pieces of at least `2 * bytes` in parts of about `bytes`, cut at clean
-    /// boundaries: only for a tokenizer whose load-time probe found split encoding exact
+    /// Encodes pieces in canonical chunks of at least `bytes`, cut at clean boundaries: only
+    /// for a tokenizer whose load-time probe found split encoding exact
     /// ([`crate::prefix::PrefixSupport::clean_cuts`]).
     pub(crate) fn chunk_at_clean_boundaries(&mut self, bytes: usize, spaced_tokens: Vec<Vec<u8>>) {
         self.chunking = Some(Chunking {
@@ -108,29 +123,11 @@ impl SegmentEncoder {
         });
     }
 
-    /// Appends `tokenizer.encode_fast(text, false)`'s ids to `out`, in parts when chunking.
-    fn encode_cold(
-        &self,
-        tokenizer: &Tokenizer,
-        text: &str,
-        out: &mut Vec<u32>,
-    ) -> tokenizers::Result<()> {
-        let mut start = 0;
-        if let Some(c) = &self.chunking {
-            let bytes = text.as_bytes();
-            while bytes.len() - start >= 2 * c.bytes {
-                let Some(cut) = ((start + c.bytes)..bytes.len())
-                    .find(|&b| is_boundary(bytes, b, &c.spaced_tokens))
-                else {
-                    break;
-                };
-                // A clean boundary is an ASCII space, so `cut` is on a char boundary.
-                out.extend_from_slice(tokenizer.encode_fast(&text[start..cut], false)?.get_ids());
-                start = cut;
-            }
-        }
-        out.extend_from_slice(tokenizer.encode_fast(&text[start..], false)?.get_ids());
-        Ok(())
+    /// The end of the canonical chunk of a piece `text` that starts at `start` (a clean
+    /// boundary or the piece's start): `None` when the chunk runs to the end of `text`, or
+    /// when pieces are not chunked.
+    pub(crate) fn next_cut(&self, text: &[u8], start: usize) -> Option<usize> {
+        self.chunking.as_ref()?.next_cut(text, start)
     }
 
     /// Whether the segment cache is active.
@@ -146,29 +143,54 @@ impl SegmentEncoder {
             .map(|(t, id)| (t.len(), *id))
     }
 
-    fn encode_piece(
+    /// Appends the ids of one chunk (`encode_fast(chunk, false)`), through the cache when it
+    /// is on, the chunk is long enough and `cache` is set. A chunk must start at the start
+    /// of a piece or at a clean boundary, and end at the end of a piece or at a clean
+    /// boundary: its ids then do not depend on the text around it.
+    pub(crate) fn encode_clean(
         &self,
         tokenizer: &Tokenizer,
-        piece: &str,
+        chunk: &str,
+        cache: bool,
         out: &mut Vec<u32>,
     ) -> tokenizers::Result<()> {
-        let Some(cache) = self
+        let Some(store) = self
             .cache
             .as_ref()
-            .filter(|_| piece.len() >= MIN_CACHED_BYTES)
+            .filter(|_| cache && chunk.len() >= MIN_CACHED_BYTES)
         else {
-            return self.encode_cold(tokenizer, piece, out);
+            out.extend_from_slice(tokenizer.encode_fast(chunk, false)?.get_ids());
+            return Ok(());
         };
-        let key = xxh3_128(piece.as_bytes());
-        if let Some(ids) = cache.get(&key) {
+        let key = xxh3_128(chunk.as_bytes());
+        if let Some(ids) = store.get(&key) {
             out.extend_from_slice(&ids);
             return Ok(());
         }
         let from = out.len();
-        self.encode_cold(tokenizer, piece, out)?;
-        let ids: Arc<[u32]> = Arc::from(&out[from..]);
-        cache.insert(key, ids);
+        out.extend_from_slice(tokenizer.encode_fast(chunk, false)?.get_ids());
+        store.insert(key, Arc::from(&out[from..]));
         Ok(())
+    }
+
+    /// Appends a piece's ids in canonical chunks; the last chunk goes through the cache only
+    /// when `cache_last` (a prefix cut inside it would fill the cache with a text no other
+    /// request repeats).
+    fn encode_piece(
+        &self,
+        tokenizer: &Tokenizer,
+        piece: &str,
+        cache_last: bool,
+        out: &mut Vec<u32>,
+    ) -> tokenizers::Result<()> {
+        let bytes = piece.as_bytes();
+        let mut start = 0;
+        while let Some(cut) = self.next_cut(bytes, start) {
+            // A clean boundary is an ASCII space, so `cut` is on a char boundary.
+            self.encode_clean(tokenizer, &piece[start..cut], true, out)?;
+            start = cut;
+        }
+        self.encode_clean(tokenizer, &piece[start..], cache_last, out)
     }
 
     /// Encodes `text` without special tokens, identical to
@@ -177,8 +199,8 @@ impl SegmentEncoder {
         self.encode_chunk(tokenizer, text, true)
     }
 
-    /// True when the cache is on and `text` holds a cut token, i.e. its pieces can come from
-    /// the cache (a prefix cut inside a piece would encode it cold).
+    /// True when the cache is on and `text` holds a cut token: it is split into pieces, and
+    /// a [`crate::PrefixSession`] (which follows one piece's chunks) encodes it whole.
     pub(crate) fn has_cached_pieces(&self, text: &str) -> bool {
         if self.cache.is_none() {
             return false;
@@ -188,8 +210,8 @@ impl SegmentEncoder {
             .any(|i| self.first_byte[usize::from(bytes[i])] && self.match_at(bytes, i).is_some())
     }
 
-    /// [`SegmentEncoder::encode`], caching the last piece only when `cache_last` (a prefix
-    /// cut inside a piece would only fill the cache with a text no other request repeats).
+    /// [`SegmentEncoder::encode`], caching the last chunk only when `cache_last` (a prefix
+    /// cut inside it would only fill the cache with a text no other request repeats).
     pub(crate) fn encode_chunk(
         &self,
         tokenizer: &Tokenizer,
@@ -198,7 +220,7 @@ impl SegmentEncoder {
     ) -> tokenizers::Result<Vec<u32>> {
         let mut out = Vec::with_capacity(text.len() / 3);
         if self.cache.is_none() {
-            self.encode_cold(tokenizer, text, &mut out)?;
+            self.encode_piece(tokenizer, text, false, &mut out)?;
             return Ok(out);
         }
         let bytes = text.as_bytes();
@@ -210,7 +232,7 @@ impl SegmentEncoder {
             {
                 if i > start {
                     // Cut tokens are whole UTF-8 strings, so `start..i` is on char boundaries.
-                    self.encode_piece(tokenizer, &text[start..i], &mut out)?;
+                    self.encode_piece(tokenizer, &text[start..i], true, &mut out)?;
                 }
                 out.push(id);
                 i += len;
@@ -220,12 +242,7 @@ impl SegmentEncoder {
             i += 1;
         }
         if start < bytes.len() {
-            let last = &text[start..];
-            if cache_last {
-                self.encode_piece(tokenizer, last, &mut out)?;
-            } else {
-                self.encode_cold(tokenizer, last, &mut out)?;
-            }
+            self.encode_piece(tokenizer, &text[start..], cache_last, &mut out)?;
         }
         Ok(out)
     }

@@ -170,3 +170,54 @@ fn chunked_equals_whole_on_random_texts() {
         }
     }
 }
+
+/// The canonical chunks of `text` (what [`SegmentEncoder::encode_piece`] looks up).
+fn chunks<'a>(enc: &SegmentEncoder, text: &'a str) -> Vec<&'a str> {
+    let mut out = Vec::new();
+    let mut start = 0;
+    while let Some(cut) = enc.next_cut(text.as_bytes(), start) {
+        out.push(&text[start..cut]);
+        start = cut;
+    }
+    out.push(&text[start..]);
+    out
+}
+
+/// Two prompts with the same first 20 KB share the chunks that end inside it: the second
+/// prompt adds only its other chunks to the cache, and both encode exactly.
+#[test]
+fn prompts_sharing_leading_bytes_share_chunks() {
+    let local = test_util::qwen3();
+    let tok = local.tokenizer();
+    let spaced = local.prefix.clean_cuts().expect("splits").to_vec();
+    let mut enc = SegmentEncoder::new(tok, 1_000_000);
+    enc.chunk_at_clean_boundaries(CHUNK_BYTES, spaced);
+    let mut rng = Rng(0x7368_6172_6564);
+    let mut words = |bytes: usize| {
+        let mut s = String::from("Start");
+        while s.len() < bytes {
+            s.push_str(rng.pick(WORDS));
+        }
+        s
+    };
+    let shared = words(20_000);
+    let a = format!("{shared} first{}", words(6_000));
+    let b = format!("{shared} second{}", words(6_000));
+    let want = |t: &str| tok.encode_fast(t, false).unwrap().get_ids().to_vec();
+    assert_eq!(enc.encode(tok, &a).unwrap(), want(&a));
+    let cache = enc.cache.as_ref().unwrap();
+    cache.run_pending_tasks();
+    let before = cache.entry_count();
+    assert_eq!(enc.encode(tok, &b).unwrap(), want(&b));
+    cache.run_pending_tasks();
+    let of_a: std::collections::HashSet<&str> = chunks(&enc, &a).into_iter().collect();
+    let of_b = chunks(&enc, &b);
+    let new = of_b.iter().filter(|c| !of_a.contains(*c)).count();
+    assert!(
+        of_b.len() - new >= 9,
+        "{} of {} chunks shared",
+        of_b.len() - new,
+        of_b.len()
+    );
+    assert_eq!(cache.entry_count() - before, new as u64);
+}
