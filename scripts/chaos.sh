@@ -313,7 +313,8 @@ def summary(out, quick):
             verdicts.append((f"{name}: 0 requests lost before first byte", lost == 0))
         k = p.get("kvgate", {})
         counters = (f"gaps {k.get('gaps', '?')}, replays ok {k.get('replays_ok', '?')}/partial "
-                    f"{k.get('replays_partial', '?')}/failed {k.get('replays_failed', '?')}, restarts {k.get('restarts', '?')}")
+                    f"{k.get('replays_partial', '?')}/failed {k.get('replays_failed', '?')}, restarts {k.get('restarts', '?')}, "
+                    f"reconnects {k.get('reconnects', '?')}")
         if name == "drop":
             counters += f"; sim dropped {p.get('sim_dropped', '?')} batches"
         if name == "restart" and "restarted_engine_events_at_restart" in p:
@@ -634,13 +635,14 @@ run_fault() {
     "$PY" "$TOOL" record "$pj" bench "$("$PY" "$TOOL" bench "$dir/results.json")"
   fi
   curl -fsS -m 5 "$KV_ADMIN/metrics" >"$OUT/logs/$fault.kvgate.metrics.txt" 2>/dev/null || true
-  local gaps rok rpart rfail rst dropped=0
+  local gaps rok rpart rfail rst rcn dropped=0
   gaps=$(kv_counter kvgate_kv_sequence_gaps_total)
   rok=$(replays_ok)
   rpart=$(kv_counter kvgate_kv_replays_total 'reason="partial"')
   rfail=$(kv_counter kvgate_kv_replays_total 'reason="failed"')
   rst=$(kv_counter kvgate_kv_restarts_total)
-  "$PY" "$TOOL" record "$pj" kvgate "{\"gaps\": $gaps, \"replays_ok\": $rok, \"replays_partial\": $rpart, \"replays_failed\": $rfail, \"restarts\": $rst}"
+  rcn=$(kv_counter kvgate_kv_reconnects_total)
+  "$PY" "$TOOL" record "$pj" kvgate "{\"gaps\": $gaps, \"replays_ok\": $rok, \"replays_partial\": $rpart, \"replays_failed\": $rfail, \"restarts\": $rst, \"reconnects\": $rcn}"
   for ((i = 0; i < ENGINES; i++)); do
     c=$("$PY" "$TOOL" counter "${SIM_URLS[i]}/metrics?stall_ms=0" kvgate_sim:dropped_event_batches_total)
     if ((c > 0)); then dropped=$((dropped + c)); fi

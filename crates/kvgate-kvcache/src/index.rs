@@ -12,12 +12,13 @@
 //! (speculative entries, approximate mode). See [`crate::score`] for the read side.
 
 mod apply;
+mod confirm;
 mod endpoint;
 pub(crate) mod holders;
 
 use std::collections::VecDeque;
 use std::hash::{BuildHasherDefault, Hasher};
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -182,6 +183,9 @@ pub(crate) struct Inner {
     pub(crate) config: IndexConfig,
     pub(crate) clock: Arc<dyn Clock>,
     pub(crate) metrics: KvMetrics,
+    /// Endpoints whose holdings are unconfirmed (scoring skips them); lets scoring skip the
+    /// per-candidate check while it is 0.
+    pub(crate) unconfirmed: AtomicUsize,
 }
 
 /// One registered endpoint.
@@ -192,6 +196,9 @@ pub(crate) struct EndpointSlot {
     pub(crate) label: String,
     pub(crate) metrics: EndpointMetrics,
     pub(crate) degraded: AtomicBool,
+    /// Holdings not confirmed since the engine's connection dropped (see
+    /// [`KvIndex::set_unconfirmed`]).
+    pub(crate) unconfirmed: AtomicBool,
     pub(crate) state: Mutex<EndpointState>,
 }
 
@@ -221,6 +228,7 @@ impl KvIndex {
                 config,
                 clock,
                 metrics,
+                unconfirmed: AtomicUsize::new(0),
             }),
         }
     }
@@ -248,6 +256,7 @@ impl KvIndex {
                     metrics: self.inner.metrics.endpoint(&label),
                     label,
                     degraded: AtomicBool::new(false),
+                    unconfirmed: AtomicBool::new(false),
                     state: Mutex::new(EndpointState::new(capacity)),
                     spec,
                 };
@@ -279,6 +288,9 @@ impl KvIndex {
             return;
         };
         let _ = self.inner.by_key.remove_sync(&slot.spec.key);
+        if slot.unconfirmed.swap(false, Ordering::Relaxed) {
+            self.inner.unconfirmed.fetch_sub(1, Ordering::Relaxed);
+        }
         endpoint::drop_all(&self.inner.blocks, &slot, &mut slot.lock());
         self.inner.metrics.remove_endpoint(&slot.label);
     }

@@ -28,6 +28,10 @@ pub(crate) const REPLAYS: &str = "kv_replays";
 pub(crate) const RESTARTS: &str = "kv_restarts";
 /// 1 while an endpoint's index may be missing events.
 pub(crate) const DEGRADED: &str = "kv_degraded";
+/// 1 while an endpoint's holdings are unconfirmed (stream down or not yet reconciled).
+pub(crate) const UNCONFIRMED: &str = "kv_unconfirmed";
+/// Reconnections of an endpoint's event stream (connections after the first).
+pub(crate) const RECONNECTS: &str = "kv_reconnects";
 /// (block, tier) holdings per endpoint.
 pub(crate) const HOLDINGS: &str = "kv_index_holdings";
 /// Estimated bytes used by the index.
@@ -81,6 +85,8 @@ struct Inner {
     replays: Family<ReasonLabels, Counter>,
     restarts: Family<EndpointLabels, Counter>,
     degraded: Family<EndpointLabels, Gauge>,
+    unconfirmed: Family<EndpointLabels, Gauge>,
+    reconnects: Family<EndpointLabels, Counter>,
     holdings: Family<EndpointLabels, Gauge>,
     index_bytes: Gauge,
     lookup: Histogram,
@@ -100,6 +106,8 @@ impl KvMetrics {
             replays: Family::default(),
             restarts: Family::default(),
             degraded: Family::default(),
+            unconfirmed: Family::default(),
+            reconnects: Family::default(),
             holdings: Family::default(),
             index_bytes: Gauge::default(),
             lookup: Histogram::new(exponential_buckets(1e-7, 2.0, 20)),
@@ -138,6 +146,16 @@ impl KvMetrics {
             DEGRADED,
             "1 while an endpoint's index may be missing events",
             inner.degraded.clone(),
+        );
+        r.register(
+            UNCONFIRMED,
+            "1 while an endpoint's holdings are unconfirmed (KV event stream disconnected or not yet reconciled); scoring ignores them",
+            inner.unconfirmed.clone(),
+        );
+        r.register(
+            RECONNECTS,
+            "KV event stream reconnections (connections after the first), per endpoint",
+            inner.reconnects.clone(),
         );
         r.register(
             HOLDINGS,
@@ -230,6 +248,8 @@ impl KvMetrics {
             replay_failed: reason(&i.replays, "failed"),
             restarts: i.restarts.get_or_create_owned(&l),
             degraded: i.degraded.get_or_create_owned(&l),
+            unconfirmed: i.unconfirmed.get_or_create_owned(&l),
+            reconnects: i.reconnects.get_or_create_owned(&l),
             holdings: i.holdings.get_or_create_owned(&l),
         }
     }
@@ -240,6 +260,7 @@ impl KvMetrics {
             endpoint: endpoint.to_owned(),
         };
         self.inner.degraded.remove(&l);
+        self.inner.unconfirmed.remove(&l);
         self.inner.holdings.remove(&l);
     }
 
@@ -275,6 +296,8 @@ pub(crate) struct EndpointMetrics {
     pub(crate) replay_failed: Counter,
     pub(crate) restarts: Counter,
     pub(crate) degraded: Gauge,
+    pub(crate) unconfirmed: Gauge,
+    pub(crate) reconnects: Counter,
     pub(crate) holdings: Gauge,
 }
 

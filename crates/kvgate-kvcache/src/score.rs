@@ -79,6 +79,8 @@ impl KvIndex {
     /// caches, whose eviction takes chain tails first, and for this index's LRU, which queues
     /// tails first). A hole inside a run (a middle block evicted while later ones stay) can be
     /// skipped over and over-count that endpoint; set `gallop: false` for a strict walk.
+    /// Candidates whose holdings are unconfirmed ([`KvIndex::set_unconfirmed`]: their event
+    /// stream is disconnected or not yet reconciled) score nothing.
     pub fn score(&self, keys: &BlockKeys, candidates: &[EndpointId]) -> PrefixScores {
         let start = Instant::now();
         let out = self.score_inner(keys, candidates);
@@ -102,6 +104,10 @@ impl KvIndex {
         if !cands.windows(2).all(|w| w[0] < w[1]) {
             cands.sort_unstable();
             cands.dedup();
+        }
+        self.retain_confirmed(&mut cands);
+        if cands.is_empty() {
+            return out;
         }
         let blocks = &self.inner.blocks;
         let Some(first) = blocks.read_sync(&keys.keys[0].0, |_, h| h.snapshot()) else {

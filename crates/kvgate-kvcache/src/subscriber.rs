@@ -1,25 +1,53 @@
-//! ZMQ ingestion: one SUB socket (and task) per endpoint, sequence tracking, DEALER replay.
+//! ZMQ ingestion: one SUB socket (and task) per endpoint, sequence tracking, DEALER replay,
+//! reconnection and restart detection.
 //!
 //! Live frames are `[topic, seq (8 bytes BE), payload]`. Per endpoint:
-//! - on connecting, before the first live message, everything the engine retains is replayed
-//!   from 0 when a replay endpoint is configured (warm start: a restarted router has its index
-//!   back before the engine's next event); live batches queued meanwhile are deduplicated.
-//!   Without that, the first message triggers the replay from 0 (also covers the PUB/SUB
-//!   slow-joiner loss);
+//! - connecting: the task owns reconnection. `zeromq`'s SUB socket would reconnect by itself,
+//!   but with its own backoff (100 ms doubling to 30 s, not configurable), so an engine back
+//!   after a few seconds is reached a second or more late, and whatever it published meanwhile
+//!   is lost (PUB drops messages nobody is subscribed to; issue #11: after a restart the index
+//!   kept the dead process's holdings and never saw the new one's). Instead, on a disconnect
+//!   (the socket monitor's `Disconnected`, or a receive error) the task drops the socket and
+//!   connects a fresh one, retrying with a short capped backoff
+//!   ([`SubscriberConfig::reconnect_backoff_initial`] doubling to
+//!   [`SubscriberConfig::reconnect_backoff`], reset on success);
+//! - unconfirmed holdings: from the disconnect until the new connection is reconciled, the
+//!   endpoint's holdings are unconfirmed ([`KvIndex::set_unconfirmed`]): they stay in the
+//!   index but score nothing, so a dead engine's cache never routes hits;
+//! - reconciling on every connection (when a replay endpoint is configured), before the first
+//!   live message: everything the engine retains is replayed from 0 and compared with what
+//!   was applied (the last applied batch's seq and payload fingerprint):
+//!   - first contact: the replay is applied (warm start: a restarted router has its index back
+//!     before the engine's next event; if it starts at seq 0 it is the whole history and
+//!     replaces whatever the index held);
+//!   - the replay holds the last applied batch, byte for byte: same process, the batches after
+//!     it are applied;
+//!   - the replay's newest seq is below the last applied one, or its batch at that seq differs,
+//!     or the engine retains nothing (an engine that published anything retains at least its
+//!     latest batch): a new process (restart, counted). The holdings are dropped and the replay
+//!     applied; if the replay does not start at 0 (bounded buffer of a new process already far
+//!     along) the endpoint is also marked degraded, since its oldest blocks are unknown;
+//!   - the replay starts after the last applied batch (a long disconnect outran the engine's
+//!     bounded buffer): restart and loss cannot be told apart; the holdings are rebuilt from
+//!     the replay and the endpoint marked degraded (it may under-report, never over-report);
+//!   - no usable replay (timeout, no replay endpoint): the first live batch decides, as below.
+//!
+//!   Live batches queued on the new socket meanwhile are deduplicated;
 //! - a gap replays `[expected, seq)` through a DEALER, applied in order and deduplicated; a gap
 //!   that cannot be filled marks the endpoint degraded (gauge + WARN);
 //! - a sequence going backwards is an engine restart: the endpoint's holdings are dropped
 //!   (and replayed from 0 when possible). So is a gap forward in the first batch of a new
-//!   connection (the SUB socket reported a disconnect, or the task made a new socket): an
-//!   engine restarted on the same ports may be past the old process's last seq by the time
-//!   the subscriber reconnects, and its holdings would otherwise stay, routing hits that do
-//!   not exist (issue #11, defect 5). A batch in order after a reconnect is the same process;
-//!   an `AllBlocksCleared` event drops the holdings as it always did;
+//!   connection that was not reconciled (issue #11, defect 5); a batch in order after such a
+//!   reconnect is the same process; an `AllBlocksCleared` event drops the holdings as it
+//!   always did;
 //! - malformed frames and payloads are counted and logged with the endpoint, never fatal.
 //!
-//! `zeromq`'s `connect()` waits until the peer exists, so each endpoint's task does its own
-//! connecting; the SUB socket reconnects by itself after publisher restarts.
+//! Metrics per endpoint: `kvgate_kv_restarts_total` (restarts detected either way),
+//! `kvgate_kv_reconnects_total` (connections after the first), `kvgate_kv_unconfirmed`.
 
+mod connect;
+mod live;
+mod reconcile;
 mod replay;
 
 use std::collections::HashMap;
@@ -28,12 +56,11 @@ use std::time::Duration;
 
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
-use zeromq::{Socket, SocketEvent, SocketRecv, SubSocket, ZmqMessage};
+use zeromq::{Socket, SocketEvent, SocketRecv, SubSocket};
 
-use crate::codec::decode_batch;
-use crate::event::KvEvent;
 use crate::index::{EndpointId, EndpointSlot, EndpointSpec, KvIndex};
-use replay::{ReplayOutcome, SeqStep, SeqTracker, seq_of};
+use connect::{Attempt, Backoff};
+use replay::SeqTracker;
 
 /// Where an endpoint publishes its KV events.
 #[derive(Debug, Clone)]
@@ -55,7 +82,10 @@ pub struct SubscriberConfig {
     pub replay_idle_timeout: Duration,
     /// Longest whole replay (default 30 s).
     pub replay_total_timeout: Duration,
-    /// Pause before reconnecting after a socket error (default 1 s).
+    /// First reconnect delay after a disconnect (default 50 ms); doubles per failed attempt
+    /// up to `reconnect_backoff`, and resets once connected.
+    pub reconnect_backoff_initial: Duration,
+    /// Longest delay between reconnect attempts (default 1 s).
     pub reconnect_backoff: Duration,
 }
 
@@ -64,6 +94,7 @@ impl Default for SubscriberConfig {
         SubscriberConfig {
             replay_idle_timeout: Duration::from_secs(2),
             replay_total_timeout: Duration::from_secs(30),
+            reconnect_backoff_initial: Duration::from_millis(50),
             reconnect_backoff: Duration::from_secs(1),
         }
     }
@@ -130,6 +161,7 @@ impl KvEventSubscriber {
             source,
             config: Arc::clone(&self.config),
             warn: RateLimit::default(),
+            last_applied: None,
         };
         let handle = self.runtime.spawn(task.run(token.clone()));
         let mut tasks = self.tasks.lock().unwrap_or_else(|p| p.into_inner());
@@ -205,6 +237,9 @@ struct EndpointTask {
     source: EndpointSource,
     config: Arc<SubscriberConfig>,
     warn: RateLimit,
+    /// The highest-seq batch applied since the holdings were last dropped: (seq, payload
+    /// fingerprint). Reconciliation compares it with the engine's replay.
+    last_applied: Option<(u64, u64)>,
 }
 
 impl EndpointTask {
@@ -215,218 +250,72 @@ impl EndpointTask {
     async fn run(mut self, cancel: CancellationToken) {
         let mut seq = SeqTracker::default();
         let endpoint = self.slot.label.clone();
+        let mut connected_before = false;
         loop {
-            let mut sock = SubSocket::new();
-            let mut monitor = sock.monitor();
-            // A new socket is a new connection: its first batch may come from a new process.
-            let mut reconnected = !seq.is_fresh();
-            if let Err(e) = sock.subscribe(&self.source.topic).await {
-                tracing::warn!(endpoint = %endpoint, error = %e, "kv subscribe failed");
-            }
-            tokio::select! {
-                _ = cancel.cancelled() => return,
-                r = sock.connect(&self.source.kv_events) => {
-                    if let Err(e) = r {
-                        tracing::warn!(endpoint = %endpoint, url = %self.source.kv_events, error = %e, "kv events connect failed");
-                        if !self.backoff(&cancel).await { return; }
-                        continue;
-                    }
+            let mut backoff = Backoff::new(
+                self.config.reconnect_backoff_initial,
+                self.config.reconnect_backoff,
+            );
+            let (mut sock, mut monitor) = loop {
+                let mut sock = SubSocket::new();
+                let monitor = sock.monitor();
+                match self
+                    .attempt_connect(&mut sock, backoff.step(), &cancel)
+                    .await
+                {
+                    Attempt::Connected => break (sock, monitor),
+                    Attempt::Retry => {}
+                    Attempt::Cancelled => return,
                 }
+            };
+            tracing::info!(endpoint = %endpoint, url = %self.source.kv_events, reconnect = connected_before, "kv events connected");
+            if connected_before {
+                self.slot.metrics.reconnects.inc();
             }
-            tracing::info!(endpoint = %endpoint, url = %self.source.kv_events, "kv events connected");
-            if seq.is_fresh() && self.source.replay.is_some() {
-                self.warm(&mut seq, &cancel).await;
+            seq.new_connection();
+            // Decided by the replay, or (no usable replay) by the first live batch.
+            let mut verify_first_live = if self.source.replay.is_some() {
+                !self.reconcile(&mut seq, &cancel).await
+            } else {
+                connected_before
+            };
+            if cancel.is_cancelled() {
+                return;
             }
+            if !verify_first_live {
+                self.index.set_unconfirmed(self.id(), false);
+            }
+            connected_before = true;
             loop {
                 tokio::select! {
                     _ = cancel.cancelled() => return,
+                    ev = monitor.recv() => match ev {
+                        Ok(SocketEvent::Disconnected(_)) | Err(_) => break,
+                        Ok(_) => {}
+                    },
                     m = sock.recv() => match m {
                         Ok(m) => {
-                            // The socket reconnects by itself; a disconnect it reports makes
-                            // the next batch the first of a new connection.
-                            while let Ok(event) = monitor.try_recv() {
-                                if matches!(event, SocketEvent::Disconnected(_)) {
-                                    reconnected = true;
+                            let first = std::mem::take(&mut verify_first_live);
+                            if self.on_message(&mut seq, m, first, &cancel).await {
+                                if first {
+                                    self.index.set_unconfirmed(self.id(), false);
                                 }
+                            } else {
+                                verify_first_live = first;
                             }
-                            let first_of_connection = std::mem::take(&mut reconnected);
-                            self.on_message(&mut seq, m, first_of_connection, &cancel).await;
                         }
                         Err(e) => {
-                            tracing::warn!(endpoint = %endpoint, error = %e, "kv events receive failed, reconnecting");
+                            tracing::warn!(endpoint = %endpoint, error = %e, "kv events receive failed");
                             break;
                         }
                     }
                 }
             }
-            if !self.backoff(&cancel).await {
-                return;
-            }
-        }
-    }
-
-    /// Sleeps the reconnect backoff; false when cancelled meanwhile.
-    async fn backoff(&self, cancel: &CancellationToken) -> bool {
-        tokio::select! {
-            _ = cancel.cancelled() => false,
-            _ = tokio::time::sleep(self.config.reconnect_backoff) => true,
-        }
-    }
-
-    /// Applies one live batch; `first_of_connection` marks the first batch received on a
-    /// new connection (a forward gap there is taken for an engine restart).
-    async fn on_message(
-        &mut self,
-        tracker: &mut SeqTracker,
-        msg: ZmqMessage,
-        first_of_connection: bool,
-        cancel: &CancellationToken,
-    ) {
-        let frames = msg.into_vec();
-        let (seq, payload) = match frames.as_slice() {
-            [_topic, seq, payload] => match seq_of(seq) {
-                Some(s) => (s, payload.clone()),
-                None => return self.bad_frames(frames.len()),
-            },
-            _ => return self.bad_frames(frames.len()),
-        };
-        let label = self.slot.label.clone();
-        let step = match tracker.step(seq) {
-            SeqStep::Gap { expected } if first_of_connection => {
-                tracing::warn!(endpoint = %label, expected, got = seq, "kv event sequence jumped on a new connection: taking it for an engine restart");
-                SeqStep::Reset { expected }
-            }
-            step => step,
-        };
-        match step {
-            SeqStep::InOrder => {}
-            SeqStep::Duplicate => return,
-            SeqStep::First => {
-                if seq > 0 && self.source.replay.is_some() {
-                    self.fill(0, seq, cancel).await;
-                }
-            }
-            SeqStep::Gap { expected } => {
-                self.slot.metrics.gaps.inc();
-                tracing::warn!(endpoint = %label, expected, got = seq, "kv event sequence gap");
-                self.fill(expected, seq, cancel).await;
-            }
-            SeqStep::Reset { expected } => {
-                self.slot.metrics.restarts.inc();
-                tracing::warn!(endpoint = %label, expected, got = seq, "kv event sequence reset, dropping endpoint blocks");
-                self.index.clear_endpoint(self.id());
-                self.index.set_degraded(self.id(), false);
-                if seq > 0 {
-                    self.fill(0, seq, cancel).await;
-                }
-            }
-        }
-        self.apply(seq, &payload);
-        tracker.advance(seq);
-    }
-
-    /// Warm start: replays everything the engine retains, from 0, before the first live
-    /// message. An empty or failed replay leaves the tracker fresh (the first live message
-    /// then replays `[0, seq)` as before).
-    async fn warm(&mut self, tracker: &mut SeqTracker, cancel: &CancellationToken) {
-        let Some(url) = self.source.replay.clone() else {
-            return;
-        };
-        let (idle, total) = (
-            self.config.replay_idle_timeout,
-            self.config.replay_total_timeout,
-        );
-        let mut last = None;
-        let outcome = tokio::select! {
-            _ = cancel.cancelled() => return,
-            o = replay::replay(&url, 0, replay::END_SEQ, idle, total, |s, p| {
-                self.apply(s, p);
-                last = Some(s);
-            }) => o,
-        };
-        let label = self.slot.label.clone();
-        if let Some(last) = last {
-            tracker.replayed_through(last);
-            self.slot.metrics.replay_ok.inc();
-            tracing::info!(endpoint = %label, until = last + 1, outcome = ?outcome, "kv events replayed on connect (warm start)");
-        }
-    }
-
-    /// Replays `[from, until)` if possible; marks the endpoint degraded when it cannot.
-    async fn fill(&mut self, from: u64, until: u64, cancel: &CancellationToken) {
-        let label = self.slot.label.clone();
-        let Some(url) = self.source.replay.clone() else {
-            self.index.set_degraded(self.id(), true);
-            tracing::warn!(endpoint = %label, from, until, "kv events lost and no replay endpoint, endpoint degraded");
-            return;
-        };
-        let (idle, total) = (
-            self.config.replay_idle_timeout,
-            self.config.replay_total_timeout,
-        );
-        let outcome = tokio::select! {
-            _ = cancel.cancelled() => return,
-            o = replay::replay(&url, from, until, idle, total, |s, p| self.apply(s, p)) => o,
-        };
-        match outcome {
-            ReplayOutcome::Complete => {
-                self.slot.metrics.replay_ok.inc();
-                tracing::info!(endpoint = %label, from, until, "kv event gap replayed");
-            }
-            ReplayOutcome::Partial | ReplayOutcome::Failed => {
-                let counter = if outcome == ReplayOutcome::Partial {
-                    &self.slot.metrics.replay_partial
-                } else {
-                    &self.slot.metrics.replay_failed
-                };
-                counter.inc();
-                // From 0 on first contact, missing history is normal (buffer retention), not a loss.
-                if from > 0 {
-                    self.index.set_degraded(self.id(), true);
-                    tracing::warn!(endpoint = %label, from, until, outcome = ?outcome, "kv event gap not fully replayed, endpoint degraded");
-                }
-            }
-        }
-    }
-
-    fn apply(&mut self, seq: u64, payload: &[u8]) {
-        match decode_batch(payload) {
-            Ok((batch, stats)) => {
-                let m = &self.slot.metrics;
-                m.unknown_event.inc_by(u64::from(stats.unknown_events));
-                m.unknown_field.inc_by(u64::from(stats.unknown_fields));
-                m.malformed_event.inc_by(u64::from(stats.malformed_events));
-                if stats.malformed_events > 0 && self.warn.allow() {
-                    tracing::warn!(endpoint = %self.slot.label, seq, malformed = stats.malformed_events, "kv events skipped: malformed");
-                }
-                if let Some(r) = batch.data_parallel_rank
-                    && r != i64::from(self.slot.spec.key.data_parallel_rank)
-                    && self.warn.allow()
-                {
-                    tracing::warn!(endpoint = %self.slot.label, batch_rank = r, "kv batch data_parallel_rank differs from the endpoint's");
-                }
-                if batch
-                    .events
-                    .iter()
-                    .any(|e| matches!(e, KvEvent::AllBlocksCleared))
-                {
-                    self.index.set_degraded(self.id(), false);
-                }
-                self.index.apply_batch(self.id(), &batch);
-            }
-            Err(e) => {
-                self.slot.metrics.decode_payload.inc();
-                if self.warn.allow() {
-                    tracing::warn!(endpoint = %self.slot.label, seq, error = %e, "kv event payload undecodable");
-                }
-            }
-        }
-    }
-
-    fn bad_frames(&mut self, frames: usize) {
-        self.slot.metrics.decode_frames.inc();
-        if self.warn.allow() {
-            tracing::warn!(endpoint = %self.slot.label, frames, "kv event message malformed (want 3 frames, 8-byte seq)");
+            // The engine may be gone, or come back as a new process: until the next
+            // connection is reconciled its holdings score nothing.
+            self.index.set_unconfirmed(self.id(), true);
+            tracing::warn!(endpoint = %endpoint, url = %self.source.kv_events, "kv events disconnected, reconnecting; holdings unconfirmed until reconciled");
+            drop(sock);
         }
     }
 }

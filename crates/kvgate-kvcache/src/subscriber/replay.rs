@@ -61,6 +61,18 @@ impl SeqTracker {
         self.expected = Some(last.wrapping_add(1));
         self.replayed_below = Some(last.wrapping_add(1));
     }
+
+    /// A new connection: live batches now come from a new socket, nothing is queued from a
+    /// replay yet.
+    pub(crate) fn new_connection(&mut self) {
+        self.replayed_below = None;
+    }
+
+    /// The holdings were dropped for a new process that retains nothing: its next batch is 0.
+    pub(crate) fn expect_from_zero(&mut self) {
+        self.expected = Some(0);
+        self.replayed_below = None;
+    }
 }
 
 /// How a replay went.
