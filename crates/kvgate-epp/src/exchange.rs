@@ -14,6 +14,10 @@
 //!   the in-flight load until the body ends, reads `usage` (SSE or JSON) and restores an
 //!   aliased model name. A stream that ends early drops it, which releases the load and
 //!   counts the request as aborted.
+//! - Flow control: after the pipeline and before the pick the request takes an admission
+//!   permit ([`Proxy::admit`]; it may wait in the queue, or be answered with an
+//!   ImmediateResponse 429 with `Retry-After`); the permit and the pick's endpoint slot are
+//!   held until the response ends or the stream closes.
 
 use std::{sync::Arc, time::Instant};
 
@@ -25,6 +29,7 @@ use envoy_types::pb::envoy::{
 use http::StatusCode;
 use kvgate_proxy::{
     Proxy, ProxyError,
+    admission::Held,
     body::{RequestGuard, Tracker, UsageWatch},
     metrics::{ApiLabels, ErrorLabels},
     proxy::{
@@ -45,14 +50,17 @@ const MAX_RESPONSE_BUFFER: usize = 64 << 20;
 const MAX_USAGE_BUFFER: usize = 1 << 20;
 
 /// Request headers a client may not send on to an engine: routing decisions are kvgate's
-/// (the HTTP proxy drops the same ones).
-const CLIENT_ROUTING: [&str; 6] = [
+/// (the HTTP proxy drops the same ones), and flow control's objective and fairness id, which
+/// kvgate reads (as llm-d strips them).
+const CLIENT_ROUTING: [&str; 8] = [
     "x-prefiller-host-port",
     "x-prefiller-url",
     "x-encoder-hosts-ports",
     "x-kv-cache-source-host-port",
     "x-data-parallel-host-port",
     "x-gateway-destination-endpoint-served",
+    kvgate_proxy::admission::OBJECTIVE_HEADER,
+    kvgate_proxy::admission::FAIRNESS_HEADER,
 ];
 
 /// The response path's state once the engine's headers arrived.
@@ -88,6 +96,8 @@ pub(crate) struct Exchange {
     responding: Option<Responding>,
     /// The endpoint the request was sent to.
     endpoint: Option<String>,
+    /// Flow control's slots, held until the response ends (or the stream does).
+    held: Held,
     /// The request was answered with an immediate response: nothing more to do.
     pub(crate) done: bool,
 }
@@ -110,6 +120,7 @@ impl Exchange {
             alias: None,
             responding: None,
             endpoint: None,
+            held: Held::default(),
             done: false,
         }
     }
@@ -204,7 +215,11 @@ impl Exchange {
         if let Some(subset) = self.subset.take() {
             routed.restrict_to(subset);
         }
-        let pick = match self.proxy.next_pick(&mut routed, Instant::now()) {
+        // Flow control: may wait in the queue (the stream closing meanwhile drops this).
+        if let Err(e) = self.proxy.admit(&mut routed, &self.headers.map).await {
+            return self.reject(e);
+        }
+        let mut pick = match self.proxy.next_pick(&mut routed, Instant::now()) {
             Ok(Some(pick)) => pick,
             Ok(None) => return self.reject(ProxyError::NoHealthyEndpoint { detail: None }),
             Err(e) => return self.reject(e),
@@ -243,6 +258,10 @@ impl Exchange {
             first.dynamic_metadata = Some(metadata);
         }
         self.endpoint = Some(pick.endpoint.name().to_owned());
+        self.held = Held {
+            permit: routed.take_permit(),
+            slot: pick.slot.take(),
+        };
         self.pick = Some(pick);
         out
     }
@@ -463,6 +482,7 @@ impl Exchange {
         if let Some(tracker) = self.responding.as_mut().and_then(|r| r.tracker.take()) {
             tracker.finish_with(json);
         }
+        self.held = Held::default();
         if let Some(mut guard) = self.guard.take() {
             guard.complete();
         }

@@ -144,8 +144,16 @@ async fn run_stream(
         }
         let out = match msg.request {
             Some(Phase::RequestHeaders(h)) => ex.request_headers(h).await,
-            Some(Phase::RequestBody(b)) => ex.request_body(b).await,
-            Some(Phase::RequestTrailers(_)) => ex.request_trailers().await,
+            // The body's end runs the pipeline, which may wait in the flow-control queue:
+            // Envoy closing the stream meanwhile (client gone) ends it, leaving the queue.
+            Some(Phase::RequestBody(b)) => tokio::select! {
+                out = ex.request_body(b) => out,
+                () = tx.closed() => return,
+            },
+            Some(Phase::RequestTrailers(_)) => tokio::select! {
+                out = ex.request_trailers() => out,
+                () = tx.closed() => return,
+            },
             Some(Phase::ResponseHeaders(h)) => ex.response_headers(h),
             Some(Phase::ResponseBody(b)) => ex.response_body(b),
             Some(Phase::ResponseTrailers(_)) => ex.response_trailers(),

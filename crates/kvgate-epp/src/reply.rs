@@ -341,6 +341,9 @@ pub(crate) fn immediate(error: &ProxyError, expose: bool, request_id: &str) -> P
     if let ProxyError::MethodNotAllowed { allow, .. } = error {
         set.push(set_header("allow", allow));
     }
+    if let Some(seconds) = error.retry_after() {
+        set.push(set_header("retry-after", &seconds.to_string()));
+    }
     message(Response::ImmediateResponse(ImmediateResponse {
         status: Some(HttpStatus {
             code: i32::from(status.as_u16()),

@@ -213,6 +213,9 @@ pub struct ProxyConfig {
     /// Discovered endpoints (YAML `discovery:` or `endpoints_file:`), applied next to
     /// `endpoints` by whoever runs the proxy; with it, an empty `endpoints` is allowed.
     pub discovery: Option<kvgate_discovery::DiscoveryConfig>,
+    /// Admission and flow control (YAML `flow_control:`; `None`: off, every request is
+    /// routed at once). See [`crate::admission`].
+    pub flow_control: Option<crate::admission::FlowControlConfig>,
 }
 
 impl Default for ProxyConfig {
@@ -240,6 +243,7 @@ impl Default for ProxyConfig {
             admin_token: None,
             max_prompt_bytes_tokenized: DEFAULT_MAX_PROMPT_BYTES_TOKENIZED,
             discovery: None,
+            flow_control: None,
         }
     }
 }
@@ -280,6 +284,9 @@ impl ProxyConfig {
             (None, None) => None,
         };
         self.timeouts = file.timeouts.to_timeouts();
+        if file.flow_control.is_some() {
+            self.flow_control.clone_from(&file.flow_control);
+        }
         if let Some(token) = file.admin_token.as_ref().filter(|t| !t.is_empty()) {
             self.admin_token.get_or_insert_with(|| token.clone());
         }
@@ -362,11 +369,14 @@ impl ProxyConfig {
             (!weight_ok(w.cpu), "kv_index.tier_weights.cpu", WEIGHT),
             (!weight_ok(w.disk), "kv_index.tier_weights.disk", WEIGHT),
         ];
-        let issues: Vec<FieldIssue> = checks
+        let mut issues: Vec<FieldIssue> = checks
             .into_iter()
             .filter(|(bad, _, _)| *bad)
             .map(|(_, field, reason)| FieldIssue { field, reason })
             .collect();
+        if let Some(flow) = &self.flow_control {
+            issues.extend(flow.issues());
+        }
         if issues.is_empty() {
             Ok(())
         } else {

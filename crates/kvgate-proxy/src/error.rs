@@ -8,6 +8,8 @@ use bytes::Bytes;
 use http::{StatusCode, header};
 use kvgate_request::{ErrorBody, ParseError};
 
+use crate::admission::RejectReason;
+
 /// Who caused a failure.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Origin {
@@ -99,6 +101,14 @@ pub enum ProxyError {
         /// The configured timeout.
         timeout_ms: u128,
     },
+    /// Flow control turned the request away (429 with `Retry-After`).
+    #[error("request rejected by flow control: {}", overload_message(*reason))]
+    Overloaded {
+        /// Why.
+        reason: RejectReason,
+        /// The `Retry-After` value, in seconds.
+        retry_after_s: u64,
+    },
     /// The engine failed after sending response headers but before kvgate could read the body.
     #[error("endpoint {endpoint}: response body failed: {reason}")]
     UpstreamBody {
@@ -125,6 +135,7 @@ impl ProxyError {
             }
             ProxyError::UpstreamTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
             ProxyError::UpstreamUri { .. } => StatusCode::INTERNAL_SERVER_ERROR,
+            ProxyError::Overloaded { .. } => StatusCode::TOO_MANY_REQUESTS,
         }
     }
 
@@ -139,9 +150,9 @@ impl ProxyError {
             | ProxyError::NotFound { .. }
             | ProxyError::MethodNotAllowed { .. }
             | ProxyError::UnsupportedMediaType(_) => Origin::Client,
-            ProxyError::NoHealthyEndpoint { .. } | ProxyError::UpstreamUri { .. } => {
-                Origin::Internal
-            }
+            ProxyError::NoHealthyEndpoint { .. }
+            | ProxyError::UpstreamUri { .. }
+            | ProxyError::Overloaded { .. } => Origin::Internal,
             ProxyError::UpstreamUnavailable { .. }
             | ProxyError::UpstreamTimeout { .. }
             | ProxyError::UpstreamBody { .. } => Origin::Engine,
@@ -164,6 +175,13 @@ impl ProxyError {
             ProxyError::UpstreamTimeout { .. } => "upstream_timeout",
             ProxyError::UpstreamBody { .. } => "upstream_body_error",
             ProxyError::UpstreamUri { .. } => "upstream_uri_error",
+            ProxyError::Overloaded { reason, .. } => match reason {
+                RejectReason::Saturated => "flow_control_saturated",
+                RejectReason::Sheddable => "flow_control_sheddable",
+                RejectReason::QueueFull => "flow_control_queue_full",
+                RejectReason::Expired => "flow_control_ttl_expired",
+                RejectReason::EndpointSaturated => "flow_control_endpoint_saturated",
+            },
         }
     }
 
@@ -200,6 +218,7 @@ impl ProxyError {
         let kind = match self {
             ProxyError::ModelNotServed(_) | ProxyError::NotFound { .. } => "not_found_error",
             ProxyError::UpstreamUri { .. } => "internal_error",
+            ProxyError::Overloaded { .. } => "rate_limit_error",
             _ => kind,
         };
         let message = if expose {
@@ -229,7 +248,32 @@ impl ProxyError {
             resp.headers_mut()
                 .insert(header::ALLOW, header::HeaderValue::from_static(allow));
         }
+        if let Some(seconds) = self.retry_after() {
+            resp.headers_mut()
+                .insert(header::RETRY_AFTER, header::HeaderValue::from(seconds));
+        }
         resp
+    }
+
+    /// The `Retry-After` value (seconds) the response carries: flow-control rejections.
+    pub fn retry_after(&self) -> Option<u64> {
+        match self {
+            ProxyError::Overloaded { retry_after_s, .. } => Some(*retry_after_s),
+            _ => None,
+        }
+    }
+}
+
+/// What a flow-control rejection tells the client.
+fn overload_message(reason: RejectReason) -> &'static str {
+    match reason {
+        RejectReason::Saturated => "the router is at its in-flight limit",
+        RejectReason::Sheddable => {
+            "the router is at its in-flight limit and the request is sheddable"
+        }
+        RejectReason::QueueFull => "the router's queue is full",
+        RejectReason::Expired => "the request waited in the router's queue past its TTL",
+        RejectReason::EndpointSaturated => "every candidate endpoint is at its in-flight limit",
     }
 }
 

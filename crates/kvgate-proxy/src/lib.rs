@@ -10,6 +10,8 @@
 //!   response path (restore the alias, watch `usage`).
 //! - [`body`]: streamed response bodies and the per-request accounting guard.
 //! - [`models`]: model discovery and kvgate's own `GET /v1/models`.
+//! - [`admission`]: admission and flow control (in-flight limits, the priority/fairness
+//!   queue, 429s) and the permits that hold a request's slots.
 //! - [`error`]: [`ProxyError`] → status, JSON body, metric reason.
 //! - [`loopback`]: [`loopback::RunningProxy`], a proxy on loopback ports in this process
 //!   (tests and `kvgate demo`).
@@ -20,6 +22,7 @@
 //! - `test_util` (feature `test-util`): a raw-socket spy engine and a proxy launcher.
 
 mod admin;
+pub mod admission;
 pub mod body;
 pub mod config;
 pub mod decision_log;

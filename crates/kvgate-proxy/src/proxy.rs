@@ -16,7 +16,8 @@
 //! - `respond`: the engine's response → the client's (model-name restore, `usage` watch).
 //!
 //! Public for a second front door (the Envoy ext_proc server in `kvgate-epp`): [`routes`],
-//! [`request_id()`], [`Proxy::route`] → [`Routed`] → [`Proxy::next_pick`] → [`Pick`],
+//! [`request_id()`], [`Proxy::route`] → [`Routed`] → [`Proxy::admit`] (flow control) →
+//! [`Proxy::next_pick`] → [`Pick`],
 //! [`Proxy::response_tracker`], and [`Proxy::spawn_side_tasks`] (admin port, model
 //! discovery, replica sync without the HTTP proxy listener).
 
@@ -86,6 +87,8 @@ pub struct Proxy {
     /// Registered when `replica_sync` is configured.
     replica_metrics: Option<kvgate_replica::SyncMetrics>,
     replica: std::sync::OnceLock<Arc<kvgate_replica::ReplicaSync>>,
+    /// Admission and flow control (`None`: off, no permit taken).
+    pub(crate) flow: Option<crate::admission::FlowControl>,
 }
 
 /// The background tasks of a front door other than [`crate::run`]'s: the admin server and
@@ -144,6 +147,11 @@ impl Proxy {
             tasks.push(tokio::spawn(self.clone().discovery_loop(every)));
         }
         Ok(SideTasks { tasks })
+    }
+
+    /// The flow controller, when `flow_control` is configured.
+    pub fn flow_control(&self) -> Option<&crate::admission::FlowControl> {
+        self.flow.as_ref()
     }
 
     /// The current endpoints, in configured order.

@@ -78,6 +78,10 @@ pub struct FileConfig {
     /// `endpoints:` shape, re-read every second.
     #[serde(default)]
     pub endpoints_file: Option<std::path::PathBuf>,
+    /// Admission and flow control: in-flight limits, the priority/fairness queue, 429s
+    /// (absent: off; read at startup). See [`crate::admission::FlowControlConfig`].
+    #[serde(default)]
+    pub flow_control: Option<crate::admission::FlowControlConfig>,
 }
 
 /// `timeouts:`: how long each phase may take, in milliseconds (each must be greater than

@@ -255,3 +255,80 @@ fn block_size_and_render_flags() {
     let err = cfg.add_render_flag("nourl").unwrap_err();
     assert!(err.to_string().contains("render flag `nourl`"), "{err}");
 }
+
+#[test]
+fn flow_control_section_parses_with_defaults_and_is_off_without_it() {
+    let base = "endpoints:\n  - url: http://a:1\n";
+    let mut cfg = ProxyConfig::default();
+    cfg.merge_file(&FileConfig::from_yaml(base).unwrap())
+        .unwrap();
+    assert_eq!(cfg.flow_control, None);
+
+    let yaml = format!(
+        "{base}flow_control:\n  max_in_flight: 8\n  max_in_flight_per_endpoint: 2\n  queue: {{ ttl_ms: 500 }}\n  objectives: {{ critical: 10, batch: -1 }}\n"
+    );
+    let mut cfg = ProxyConfig::default();
+    cfg.merge_file(&FileConfig::from_yaml(&yaml).unwrap())
+        .unwrap();
+    let fc = cfg.flow_control.unwrap();
+    assert_eq!(fc.max_in_flight, Some(8));
+    assert_eq!(fc.max_in_flight_per_endpoint, Some(2));
+    assert_eq!(fc.queue.ttl_ms, 500);
+    assert_eq!(fc.queue.max_requests, 1000, "default queue size");
+    assert_eq!(fc.objectives["batch"], -1);
+    assert_eq!((fc.default_priority, fc.retry_after_s), (0, 1));
+}
+
+#[test]
+fn bad_flow_control_values_give_clear_errors() {
+    let base = "endpoints:\n  - url: http://a:1\n";
+    for (section, expect) in [
+        (
+            "flow_control: {}",
+            "set max_in_flight or max_in_flight_per_endpoint",
+        ),
+        (
+            "flow_control: { max_in_flight: 0 }",
+            "flow_control.max_in_flight: must be greater than 0",
+        ),
+        (
+            "flow_control: { max_in_flight_per_endpoint: 0 }",
+            "flow_control.max_in_flight_per_endpoint: must be greater than 0",
+        ),
+        (
+            "flow_control: { max_in_flight: 1, queue: { ttl_ms: 0 } }",
+            "flow_control.queue.ttl_ms: must be greater than 0",
+        ),
+        (
+            "flow_control: { max_in_flight: 1, retry_after_s: 0 }",
+            "flow_control.retry_after_s: must be greater than 0",
+        ),
+    ] {
+        let file = FileConfig::from_yaml(&format!("{base}{section}\n")).unwrap();
+        let err = ProxyConfig::default()
+            .merge_file(&file)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(expect), "{section}: {err}");
+    }
+    for (section, expect) in [
+        (
+            "flow_control: { max_inflight: 1 }",
+            "unknown field `max_inflight`",
+        ),
+        ("flow_control: { max_in_flight: -1 }", "line 3 column 32"),
+        (
+            "flow_control: { max_in_flight: 1, objectives: { a: high } }",
+            "invalid i32",
+        ),
+    ] {
+        // Shape errors name the line and column.
+        let err = FileConfig::from_yaml(&format!("{base}{section}\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains(expect) && err.contains("line 3"),
+            "{section}: {err}"
+        );
+    }
+}

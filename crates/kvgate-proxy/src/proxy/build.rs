@@ -18,9 +18,10 @@ use tokio_util::sync::CancellationToken;
 
 use super::Proxy;
 use crate::{
+    admission::FlowControl,
     config::{ConfigError, ProxyConfig},
     decision_log::DecisionLog,
-    metrics::ProxyMetrics,
+    metrics::{FlowMetrics, ProxyMetrics},
 };
 
 impl Proxy {
@@ -40,6 +41,10 @@ impl Proxy {
         let schedule_metrics = ScheduleMetrics::new(registry);
         let tokenizer = TokenizeService::new(&config.tokenize, registry)?;
         let metrics = ProxyMetrics::new(registry.sub_registry_with_prefix("kvgate"));
+        let flow = config.flow_control.clone().map(|fc| {
+            let metrics = FlowMetrics::new(registry.sub_registry_with_prefix("kvgate"));
+            FlowControl::new(fc, metrics)
+        });
         let cancel = CancellationToken::new();
         let endpoints = EndpointRegistry::new(
             config.engines.clone(),
@@ -95,6 +100,7 @@ impl Proxy {
             cancel,
             replica_metrics,
             replica: std::sync::OnceLock::new(),
+            flow,
         });
         proxy.decide_chains();
         Ok(proxy)

@@ -26,6 +26,7 @@ use super::{
     routes::{self, Refusal, Route},
 };
 use crate::{
+    admission::{Held, HeldBody},
     body::{ProxyBody, RequestGuard, full},
     error::{Origin, ProxyError},
     metrics::{ApiLabels, EndpointLabels, ErrorLabels},
@@ -141,9 +142,12 @@ impl Proxy {
             Ok(routed) => routed,
             Err(e) => return Err((e, guard)),
         };
+        if let Err(e) = self.admit(&mut routed, &parts.headers).await {
+            return Err((e, guard));
+        }
         let headers = upstream_headers(&parts.headers, request_id);
         let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
-        let sent = match self.send(&parts.method, path, &headers, &mut routed).await {
+        let mut sent = match self.send(&parts.method, path, &headers, &mut routed).await {
             Ok(sent) => sent,
             Err(e) => return Err((e, guard)),
         };
@@ -151,7 +155,16 @@ impl Proxy {
             .first_byte
             .get_or_create(&ApiLabels { api: api.label() })
             .observe(guard.start().elapsed().as_secs_f64());
-        self.respond(sent, routed.sealed(), guard).await
+        // Flow control's slots, held by the response body until it ends.
+        let held = Held {
+            permit: routed.take_permit(),
+            slot: sent.pick.slot.take(),
+        };
+        let resp = self.respond(sent, routed.sealed(), guard).await?;
+        if held.is_empty() {
+            return Ok(resp);
+        }
+        Ok(resp.map(|body| HeldBody::new(body, held).boxed()))
     }
 
     /// Reads the client's body: 413 beyond `max_body_bytes`, whether declared by

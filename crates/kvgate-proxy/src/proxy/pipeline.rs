@@ -25,6 +25,7 @@ use kvgate_schedule::{
 
 use super::{Proxy, facts::PendingPrefix, routes::Route};
 use crate::{
+    admission::{EndpointSlot, Permit, RejectReason},
     body::{Realized, Tracker, UsageWatch},
     decision_log::LogEntry,
     error::ProxyError,
@@ -44,6 +45,8 @@ pub struct Routed {
     tried: Vec<String>,
     /// When set, only endpoints with these names (`host:port`) are candidates.
     subset: Option<Vec<String>>,
+    /// The flow-control permit ([`Proxy::admit`]); picks take endpoint slots under it.
+    permit: Option<Permit>,
 }
 
 impl Routed {
@@ -61,6 +64,12 @@ impl Routed {
     /// subset hint. An empty list leaves no candidate.
     pub fn restrict_to(&mut self, names: Vec<String>) {
         self.subset = Some(names);
+    }
+
+    /// Takes the flow-control permit (to hold until the response ends); later picks take no
+    /// endpoint slot.
+    pub fn take_permit(&mut self) -> Option<Permit> {
+        self.permit.take()
     }
 }
 
@@ -83,6 +92,9 @@ pub struct Pick {
     pub scores: Option<String>,
     /// The decision log line, written when dropped.
     pub log: Option<LogEntry>,
+    /// The flow-control slot on [`Pick::endpoint`] (with a per-endpoint limit), held until
+    /// the response ends: a front door takes it out before [`Proxy::response_tracker`].
+    pub slot: Option<EndpointSlot>,
 }
 
 impl Proxy {
@@ -119,7 +131,70 @@ impl Proxy {
             scheduler: self.scheduler.load_full(),
             tried: Vec::new(),
             subset: None,
+            permit: None,
         })
+    }
+
+    /// Flow control: waits for (or is refused) an admission permit for `routed`, classified
+    /// by `headers` (`x-llm-d-inference-objective`, `x-llm-d-inference-fairness-id`); the
+    /// permit stays in `routed` ([`Routed::take_permit`]). Does nothing when flow control
+    /// is off or `routed` already holds one. Dropping the future while it waits leaves the
+    /// queue.
+    ///
+    /// # Errors
+    /// [`ProxyError::Overloaded`] (429 with `Retry-After`).
+    pub async fn admit(&self, routed: &mut Routed, headers: &HeaderMap) -> Result<(), ProxyError> {
+        let Some(flow) = &self.flow else {
+            return Ok(());
+        };
+        if routed.permit.is_some() {
+            return Ok(());
+        }
+        let key = flow.classify(headers);
+        let candidates = if flow.limits_endpoints() {
+            self.candidates(routed, Instant::now())
+                .iter()
+                .map(|e| Arc::from(e.name()))
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let permit = flow
+            .admit(&key, candidates)
+            .await
+            .map_err(|reason| self.overloaded(reason))?;
+        routed.permit = Some(permit);
+        Ok(())
+    }
+
+    /// The 429 for a flow-control rejection.
+    fn overloaded(&self, reason: RejectReason) -> ProxyError {
+        ProxyError::Overloaded {
+            reason,
+            retry_after_s: self.flow.as_ref().map_or(1, |f| f.config().retry_after_s),
+        }
+    }
+
+    /// The healthy endpoints `routed` may be sent to now: not tried yet, within its subset,
+    /// not known not to serve its model.
+    fn candidates(&self, routed: &Routed, now: Instant) -> Vec<Arc<EndpointState>> {
+        self.registry
+            .healthy(now)
+            .into_iter()
+            .filter(|e| !routed.tried.iter().any(|t| t == e.name()))
+            .filter(|e| {
+                routed
+                    .subset
+                    .as_ref()
+                    .is_none_or(|s| s.iter().any(|n| n == e.name()))
+            })
+            .filter(|e| {
+                routed
+                    .sealed
+                    .model()
+                    .is_none_or(|m| e.serves(m) != Some(false))
+            })
+            .collect()
     }
 
     /// An engine API body that may name a `model` (`/tokenize`, `/v1/score`, …): read as an
@@ -222,13 +297,15 @@ impl Proxy {
 
     /// Schedules `routed` once over the healthy endpoints it has not been sent to yet (within
     /// its subset, if restricted) and records the pick as tried. `None` when no candidate is
-    /// left.
+    /// left. Under a flow-control permit with a per-endpoint limit, endpoints at their limit
+    /// are not candidates and the pick takes a slot on its endpoint ([`Pick::slot`]).
     ///
     /// # Errors
     /// [`ProxyError::NoHealthyEndpoint`] when the scheduler fails for another reason than
-    /// having no candidate (its message is the detail).
+    /// having no candidate (its message is the detail); [`ProxyError::Overloaded`] when the
+    /// first pick finds every candidate at its per-endpoint limit.
     pub fn next_pick(&self, routed: &mut Routed, now: Instant) -> Result<Option<Pick>, ProxyError> {
-        let candidates: Vec<Arc<EndpointState>> = self
+        let mut candidates: Vec<Arc<EndpointState>> = self
             .registry
             .healthy(now)
             .into_iter()
@@ -240,17 +317,50 @@ impl Proxy {
                     .is_none_or(|s| s.iter().any(|n| n == e.name()))
             })
             .collect();
-        if candidates.is_empty() {
-            return Ok(None);
+        let limited = routed.permit.is_some()
+            && self
+                .flow
+                .as_ref()
+                .is_some_and(crate::admission::FlowControl::limits_endpoints);
+        let mut saturated = false;
+        if limited && let Some(flow) = &self.flow {
+            let full = flow.full_endpoints();
+            let before = candidates.len();
+            candidates.retain(|e| !full.iter().any(|f| &**f == e.name()));
+            saturated = candidates.len() < before;
         }
-        let mut cycle = CycleState::new(routed.facts.clone(), now);
-        let mut decision = match routed.scheduler.schedule(&mut cycle, &candidates) {
-            Ok(d) => d,
-            Err(ScheduleError::NoCandidates) => return Ok(None),
-            Err(e) => {
-                return Err(ProxyError::NoHealthyEndpoint {
-                    detail: Some(e.to_string()),
-                });
+        let (mut decision, slot) = loop {
+            let none_left = || {
+                if saturated && routed.tried.is_empty() {
+                    Err(self.overloaded(RejectReason::EndpointSaturated))
+                } else {
+                    Ok(None)
+                }
+            };
+            if candidates.is_empty() {
+                return none_left();
+            }
+            let mut cycle = CycleState::new(routed.facts.clone(), now);
+            let decision = match routed.scheduler.schedule(&mut cycle, &candidates) {
+                Ok(d) => d,
+                Err(ScheduleError::NoCandidates) => return none_left(),
+                Err(e) => {
+                    return Err(ProxyError::NoHealthyEndpoint {
+                        detail: Some(e.to_string()),
+                    });
+                }
+            };
+            if !limited {
+                break (decision, None);
+            }
+            let name = decision.endpoint().name().to_owned();
+            match routed.permit.as_mut().and_then(|p| p.bind(&name)) {
+                Some(slot) => break (decision, Some(slot)),
+                None => {
+                    // Filled since the candidates were read: schedule again without it.
+                    candidates.retain(|e| e.name() != name);
+                    saturated = true;
+                }
             }
         };
         let guards = decision.take_guards();
@@ -277,6 +387,7 @@ impl Proxy {
             predicted,
             scores: self.config.scores_header.then(|| decision.scores_header()),
             log,
+            slot,
         }))
     }
 }

@@ -208,14 +208,18 @@ pub(super) fn json_response(status: StatusCode, body: Bytes) -> Response<ProxyBo
 }
 
 /// Request headers that steer routing or a disaggregation sidecar behind the engine (llm-d's
-/// P/D sidecar acts on `x-prefiller-host-port`, for one). Only kvgate's own decision may set
-/// them, so a client's are dropped; see [`is_routing_header`] for the prefixes.
-const ROUTING_HEADERS: [&str; 5] = [
+/// P/D sidecar acts on `x-prefiller-host-port`, for one), and flow control's (the objective
+/// and fairness id are read by kvgate, not the engine's, as llm-d strips them). Only kvgate's
+/// own decision may set the routing ones, so a client's are dropped; see
+/// [`is_routing_header`] for the prefixes.
+const ROUTING_HEADERS: [&str; 7] = [
     "x-prefiller-host-port",
     "x-prefiller-url",
     "x-encoder-hosts-ports",
     "x-kv-cache-source-host-port",
     "x-data-parallel-host-port",
+    crate::admission::OBJECTIVE_HEADER,
+    crate::admission::FAIRNESS_HEADER,
 ];
 
 /// Prefixes of routing headers: the gateway's (`x-gateway-destination-endpoint` and its
