@@ -19,6 +19,10 @@
 //!   engine is evicting what the index says it holds (its KV is overcommitted, or events lag),
 //!   and a cost scorer should expect only that share of a predicted hit.
 //!
+//! - prefill progress: the current busy period and a learned prefill rate
+//!   ([`progress`]), from which [`LoadSnapshot::prefill_remaining`] estimates how much of the
+//!   pending prefill the engine has not computed yet.
+//!
 //! Router replicas share these counters through a [`LoadSink`]: each replica tells the sink
 //! what it dispatched, and applies what the others dispatched with
 //! [`EndpointState::begin_remote_request`], so every replica sees the fleet's whole in-flight
@@ -27,10 +31,14 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::time::Instant;
 
 use kvgate_kvcache::BlockKeys;
 
 use crate::endpoint::EndpointState;
+
+mod progress;
+use progress::PrefillClock;
 
 /// Process-wide pick sequence (1, 2, …); 0 means never picked.
 static PICK_SEQ: AtomicU64 = AtomicU64::new(0);
@@ -86,6 +94,8 @@ pub(crate) struct EndpointLoad {
     active_extra_tokens: AtomicU64,
     /// Where this router's own requests are shared with its replicas (none: not shared).
     sink: OnceLock<Arc<dyn LoadSink>>,
+    /// Busy period and learned prefill rate; `prefill_requests` changes under this lock.
+    clock: Mutex<PrefillClock>,
 }
 
 impl Default for EndpointLoad {
@@ -103,6 +113,7 @@ impl Default for EndpointLoad {
             active_block_size: AtomicU64::new(0),
             active_extra_tokens: AtomicU64::new(0),
             sink: OnceLock::new(),
+            clock: Mutex::default(),
         }
     }
 }
@@ -127,6 +138,28 @@ pub struct LoadSnapshot {
     /// KV tokens the requests in flight pin: distinct prompt blocks × block size + tokens past
     /// them.
     pub active_kv_tokens: u64,
+    /// Seconds since pending prefill last went from none to some (0 when none is pending).
+    pub prefill_busy_s: f64,
+    /// Uncached tokens of requests that left pending prefill during that busy period.
+    pub prefill_done_tokens: u64,
+    /// Prefill tokens per second the engine was seen to compute (0 until learned).
+    pub prefill_rate: f64,
+}
+
+impl LoadSnapshot {
+    /// `prefill_tokens` less what the engine has likely computed of them by now:
+    /// `prefill_rate × prefill_busy_s` of the busy period's work, minus what already left
+    /// (see [`progress`]). Equal to `prefill_tokens` until a rate is learned.
+    pub fn prefill_remaining(&self) -> f64 {
+        progress::remaining(
+            self.prefill_tokens,
+            progress::ClockView {
+                busy_s: self.prefill_busy_s,
+                done: self.prefill_done_tokens,
+                rate: self.prefill_rate,
+            },
+        )
+    }
 }
 
 impl Default for LoadSnapshot {
@@ -141,12 +174,20 @@ impl Default for LoadSnapshot {
             last_pick: 0,
             realized_share: 1.0,
             active_kv_tokens: 0,
+            prefill_busy_s: 0.0,
+            prefill_done_tokens: 0,
+            prefill_rate: 0.0,
         }
     }
 }
 
 impl EndpointLoad {
     pub(crate) fn snapshot(&self) -> LoadSnapshot {
+        let clock = self
+            .clock
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .view(Instant::now());
         LoadSnapshot {
             requests: self.requests.load(Ordering::Relaxed),
             uncached_tokens: self.uncached_tokens.load(Ordering::Relaxed),
@@ -158,7 +199,25 @@ impl EndpointLoad {
             active_kv_tokens: self.active_blocks.load(Ordering::Relaxed)
                 * self.active_block_size.load(Ordering::Relaxed)
                 + self.active_extra_tokens.load(Ordering::Relaxed),
+            prefill_busy_s: clock.busy_s,
+            prefill_done_tokens: clock.done,
+            prefill_rate: clock.rate,
         }
+    }
+
+    /// Counts one more pending prefill.
+    fn prefill_begins(&self) {
+        let mut clock = self.clock.lock().unwrap_or_else(PoisonError::into_inner);
+        let before = self.prefill_requests.fetch_add(1, Ordering::Relaxed);
+        clock.begin(Instant::now(), before == 0);
+    }
+
+    /// Counts one pending prefill of `tokens` less: its first byte came (`observed`), or the
+    /// request ended before one.
+    fn prefill_ends(&self, tokens: u64, observed: bool) {
+        let mut clock = self.clock.lock().unwrap_or_else(PoisonError::into_inner);
+        let before = self.prefill_requests.fetch_sub(1, Ordering::Relaxed);
+        clock.finish(Instant::now(), tokens, observed, before == 1);
     }
 
     pub(crate) fn requests(&self) -> u64 {
@@ -307,9 +366,9 @@ impl EndpointState {
         l.requests.fetch_add(1, Ordering::Relaxed);
         l.uncached_tokens
             .fetch_add(uncached_tokens, Ordering::Relaxed);
-        l.prefill_requests.fetch_add(1, Ordering::Relaxed);
         l.prefill_tokens
             .fetch_add(uncached_tokens, Ordering::Relaxed);
+        l.prefill_begins();
         let stamp = PICK_SEQ.fetch_add(1, Ordering::Relaxed) + 1;
         l.last_pick.fetch_max(stamp, Ordering::Relaxed);
         let keyed = keys
@@ -388,8 +447,8 @@ impl InFlightGuard {
         }
         self.prefilling = false;
         let l = &self.endpoint.load;
-        l.prefill_requests.fetch_sub(1, Ordering::Relaxed);
         l.prefill_tokens.fetch_sub(self.uncached, Ordering::Relaxed);
+        l.prefill_ends(self.uncached, true);
         l.decode_tokens.fetch_add(self.prompt, Ordering::Relaxed);
         if let Some((sink, id)) = &self.shared {
             sink.prefill_done(*id);
@@ -404,8 +463,8 @@ impl Drop for InFlightGuard {
         l.uncached_tokens
             .fetch_sub(self.uncached, Ordering::Relaxed);
         if self.prefilling {
-            l.prefill_requests.fetch_sub(1, Ordering::Relaxed);
             l.prefill_tokens.fetch_sub(self.uncached, Ordering::Relaxed);
+            l.prefill_ends(self.uncached, false);
         } else {
             l.decode_tokens.fetch_sub(self.prompt, Ordering::Relaxed);
         }
@@ -475,6 +534,25 @@ mod tests {
         assert_eq!((l.requests, l.uncached_tokens), (1, 300));
         drop(g);
         assert_eq!(e.load().decode_tokens, 0);
+    }
+
+    #[test]
+    fn busy_period_counts_finished_prefill_until_idle() {
+        let e = endpoint("http://h:1", &[]);
+        let mut a = e.begin_request(300, 300);
+        let b = e.begin_request(200, 200);
+        a.prefill_done();
+        let l = e.load();
+        assert_eq!((l.prefill_tokens, l.prefill_done_tokens), (200, 300));
+        drop(b);
+        let l = e.load();
+        assert_eq!(
+            (l.prefill_tokens, l.prefill_done_tokens, l.prefill_busy_s),
+            (0, 0, 0.0),
+            "idle: the period ended"
+        );
+        let _c = e.begin_request(50, 50);
+        assert_eq!(e.load().prefill_done_tokens, 0, "a new period");
     }
 
     #[test]

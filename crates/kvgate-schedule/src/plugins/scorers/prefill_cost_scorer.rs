@@ -9,7 +9,9 @@
 //!   always computes the last prompt token). They are prefill work, and KV the engine must
 //!   allocate: on a full cache, that many tokens of other prefixes are evicted;
 //! - `Q_w`: the prefill tokens already queued or running there: the uncached tokens of the
-//!   requests this router dispatched and that have not sent their first byte yet, plus, when
+//!   requests this router dispatched and that have not sent their first byte yet (with
+//!   `prefill_progress`, less what the engine has likely computed of them by now: its learned
+//!   prefill rate × the time it has been busy, [`crate::LoadSnapshot::prefill_remaining`]), plus, when
 //!   the engine's scraped `waiting` count is larger than this router's own prefilling
 //!   requests (other routers send there too), the difference × the mean uncached tokens of
 //!   this router's pending requests there (or `P_w` when there are none);
@@ -82,6 +84,8 @@
 //!   predicted prefix already serves `ceil(fleet in-flight / candidates) + demand_slack` other
 //!   sequences in flight after the candidates where the request fits and that is not so,
 //!   when one of those has free KV room for it.
+//! - `prefill_progress` (default false): discount pending prefill by the engine's likely
+//!   progress through it (see `Q_w`).
 //!
 //! Signals: the router's load counters ([`crate::LoadSnapshot`]), always present; scraped
 //! `waiting` and `running` when fresh; the scraped KV capacity (`vllm:cache_config_info`).
@@ -131,6 +135,9 @@ pub struct PrefillCostScorerConfig {
     /// Sharers beyond an even share of the fleet's in-flight requests a holder may serve
     /// before `demand_spread` ranks it later.
     pub demand_slack: u32,
+    /// Count as `Q_w` only the pending prefill the engine has likely not computed yet
+    /// ([`LoadSnapshot::prefill_remaining`]) instead of all of it until its first byte.
+    pub prefill_progress: bool,
 }
 
 impl Default for PrefillCostScorerConfig {
@@ -144,6 +151,7 @@ impl Default for PrefillCostScorerConfig {
             fits_first: true,
             demand_spread: true,
             demand_slack: 1,
+            prefill_progress: false,
         }
     }
 }
@@ -242,7 +250,11 @@ impl PrefillCostScorer {
     pub(crate) fn cost(&self, c: &CostInput) -> f64 {
         let new = c.uncached() as f64;
         let load = c.load;
-        let mut queued = load.prefill_tokens as f64;
+        let mut queued = if self.config.prefill_progress {
+            load.prefill_remaining()
+        } else {
+            load.prefill_tokens as f64
+        };
         let mut in_flight = load.requests as f64;
         if self.config.scraped_queue {
             let own = load.prefill_requests as f64;

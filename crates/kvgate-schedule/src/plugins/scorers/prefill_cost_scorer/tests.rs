@@ -17,6 +17,7 @@ fn scorer(in_flight_multiplier: bool, scraped_queue: bool) -> PrefillCostScorer 
         fits_first: false,
         demand_spread: false,
         demand_slack: 1,
+        prefill_progress: false,
     })
     .unwrap()
 }
@@ -199,6 +200,70 @@ fn cost_table() {
     ];
     for (name, input, mult, scraped, want) in rows {
         assert_eq!(scorer(mult, scraped).cost(&input), want, "{name}");
+    }
+}
+
+/// `prefill_progress`, one condition flipped per row: 500 pending tokens on an engine busy for
+/// 1 ms at a learned 200,000 tokens/s (200 of them taken as done), then a 1000-token prompt.
+#[test]
+fn prefill_progress_table() {
+    let busy = LoadSnapshot {
+        prefill_busy_s: 0.001,
+        prefill_rate: 200_000.0,
+        ..load(2, 2, 500)
+    };
+    let base = CostInput {
+        prompt: Some(1000),
+        load: busy,
+        ..CostInput::default()
+    };
+    let rows = [
+        ("progress off: all pending counts", base, false, 1500.0),
+        ("progress on: what is left", base, true, 1300.0),
+        (
+            "no rate learned yet",
+            CostInput {
+                load: LoadSnapshot {
+                    prefill_rate: 0.0,
+                    ..busy
+                },
+                ..base
+            },
+            true,
+            1500.0,
+        ),
+        (
+            "part of the period's work already left pending",
+            CostInput {
+                load: LoadSnapshot {
+                    prefill_done_tokens: 150,
+                    ..busy
+                },
+                ..base
+            },
+            true,
+            1450.0,
+        ),
+        (
+            "long past it: nothing left",
+            CostInput {
+                load: LoadSnapshot {
+                    prefill_busy_s: 1.0,
+                    ..busy
+                },
+                ..base
+            },
+            true,
+            1000.0,
+        ),
+    ];
+    for (name, input, progress, want) in rows {
+        let s = PrefillCostScorer::new(PrefillCostScorerConfig {
+            prefill_progress: progress,
+            ..scorer(false, true).config
+        })
+        .unwrap();
+        assert_eq!(s.cost(&input), want, "{name}");
     }
 }
 
