@@ -29,6 +29,9 @@
 #   --kvgate-variant NAME=FILE  extra kvgate router: `kvgate serve --config FILE` (scheduler
 #                             plugins/profiles only) with KV events; NAME=approx:FILE runs it
 #                             without KV events (repeatable)
+#   --kvgate-bin NAME=PATH    run router NAME (a --kvgate-variant, or else a new precise
+#                             variant with kvgate's defaults) with the kvgate binary PATH, e.g.
+#                             an older build, for a before/after in one run (repeatable)
 #   --replicas N              replica count of the NAME@N routers in the default list (default 2;
 #                             0 drops them). Any router can be given as NAME@N in --routers.
 #   --restart-after SECONDS   NAME!restart routers: SIGKILL replica 0 this long after the bench
@@ -101,7 +104,9 @@ describe_router() {
     smg) echo "SGLang smg launch --policy cache_aware (approximate text tree)" ;;
     kvgate) echo "kvgate serve, precise: local tokenizer + KV events (kv=, replay=), default profile" ;;
     kvgate-approx) echo "kvgate serve, approximate: the same without kv= (learns from its own routing)" ;;
-    *) if [[ -n ${VARIANT_FILE[$1]:-} ]]; then echo "kvgate serve --config ${VARIANT_FILE[$1]} (${VARIANT_MODE[$1]})"; else echo "?"; fi ;;
+    *) if [[ -n ${VARIANT_FILE[$1]:-} || -n ${VARIANT_BIN[$1]:-} ]]; then
+         echo "${VARIANT_BIN[$1]:-kvgate} serve${VARIANT_FILE[$1]:+ --config ${VARIANT_FILE[$1]}} (${VARIANT_MODE[$1]})"
+       else echo "?"; fi ;;
   esac
 }
 
@@ -114,7 +119,7 @@ REPLICAS=2
 RESTART_AFTER=2
 QUICK=0
 LIST=0
-declare -A VARIANT_FILE=() VARIANT_MODE=()
+declare -A VARIANT_FILE=() VARIANT_MODE=() VARIANT_BIN=()
 VARIANT_NAMES=()
 
 die() { echo "peers.sh: $*" >&2; exit 1; }
@@ -141,6 +146,19 @@ while (($#)); do
       VARIANT_FILE[$name]=$(cd "$(dirname "$file")" && pwd)/$(basename "$file")
       VARIANT_MODE[$name]=$mode
       VARIANT_NAMES+=("$name") ;;
+    --kvgate-bin)
+      spec=${2:?--kvgate-bin needs NAME=PATH}; shift 2
+      name=${spec%%=*}; file=${spec#*=}
+      [[ $spec == *=* && -n $name && -n $file ]] || die "--kvgate-bin wants NAME=PATH, got '$spec'"
+      [[ -x $file ]] || die "--kvgate-bin $name: $file is not an executable"
+      VARIANT_BIN[$name]=$(cd "$(dirname "$file")" && pwd)/$(basename "$file")
+      case " ${VARIANT_NAMES[*]} " in
+        *" $name "*) ;;
+        *)
+          [[ $name =~ ^[A-Za-z0-9._-]+$ ]] || die "variant name '$name': use letters, digits, . _ -"
+          case " ${BASE_ROUTERS[*]} " in *" $name "*) die "--kvgate-bin name '$name' is taken" ;; esac
+          VARIANT_MODE[$name]=precise; VARIANT_NAMES+=("$name") ;;
+      esac ;;
     --quick) QUICK=1; shift ;;
     --list) LIST=1; shift ;;
     -h|--help) usage; exit 0 ;;
@@ -528,7 +546,7 @@ start_one() {
           eps+=(--endpoint "${SIM_URLS[i]}")
         fi
       done
-      cmd=(env NO_COLOR=1 "KVGATE_LOG=$R_KVGATE_LOG" "$KVGATE" serve --listen "127.0.0.1:$port" --admin-listen "127.0.0.1:$admin"
+      cmd=(env NO_COLOR=1 "KVGATE_LOG=$R_KVGATE_LOG" "${VARIANT_BIN[$base]:-$KVGATE}" serve --listen "127.0.0.1:$port" --admin-listen "127.0.0.1:$admin"
         "${eps[@]}" --tokenizer "$MODEL=$TOKENIZER_DIR" --decision-log "$2.decisions.jsonl")
       # Replicas share their in-flight load (every replica gets the same peer list).
       if ((${#R_SYNC_ADDRS[@]} > 1)); then
