@@ -10,64 +10,23 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use bytes::Bytes;
-use kvgate_kvcache::{
-    BlockHash, BlockKey, BlockStored, Encoding, EndpointKey, EndpointSource, EndpointSpec,
-    IndexConfig, KvEvent, KvEventBatch, KvEventSubscriber, KvIndex, KvMetrics, SubscriberConfig,
-    Tier, decode_batch, encode_batch,
-};
 use kvgate_kvcache::{BlockKeys, KeyScope, block_keys};
+use kvgate_kvcache::{
+    EndpointSource, IndexConfig, KvEventSubscriber, KvIndex, KvMetrics, SubscriberConfig,
+};
 use prometheus_client::registry::Registry;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-use zeromq::{PubSocket, RouterSocket, Socket, SocketRecv, SocketSend, ZmqMessage};
+use zeromq::{PubSocket, RouterSocket, Socket, SocketRecv, SocketSend};
 
-const TOPIC: &str = "kv@127.0.0.1:8000@m";
-const DEADLINE: Duration = Duration::from_secs(30);
+mod common;
+
+use common::{
+    DEADLINE, Retained, batch, expected_blocks, live, metric, replay_answer, spec, wait_for,
+};
+
 const EP: &str = "{endpoint=\"127.0.0.1:8000#0\"}";
-
-fn spec() -> EndpointSpec {
-    EndpointSpec {
-        key: EndpointKey::new("127.0.0.1:8000", 0),
-        model: "m".into(),
-        block_size: 16,
-        capacity_blocks: None,
-    }
-}
-
-/// Batch `seq` of process `generation`: one self-contained block (block 0 of its own prompt),
-/// so every prefix of the stream has a well-defined index.
-fn batch(generation: u32, seq: u64) -> Vec<u8> {
-    let tok0 = generation * 100_000 + seq as u32 * 16;
-    let ev = KvEvent::BlockStored(BlockStored {
-        block_hashes: vec![BlockHash::Int(1_000_000 * u64::from(generation) + seq)],
-        parent_block_hash: None,
-        token_ids: (tok0..tok0 + 16).collect(),
-        block_size: 16,
-        medium: Some("GPU".into()),
-        ..Default::default()
-    });
-    encode_batch(seq as f64, &[ev], Some(0), Encoding::Map)
-}
-
-/// The index a loss-free subscriber would have built from `payloads`.
-fn expected_blocks(payloads: &[Vec<u8>]) -> Vec<(BlockKey, Tier)> {
-    let ix = KvIndex::new(IndexConfig::default(), KvMetrics::unregistered());
-    let id = ix.register_endpoint(spec());
-    for p in payloads {
-        let (b, _): (KvEventBatch, _) = decode_batch(p).unwrap();
-        ix.apply_batch(id, &b);
-    }
-    ix.endpoint_blocks(id)
-}
-
-fn msg(frames: Vec<Bytes>) -> ZmqMessage {
-    ZmqMessage::try_from(frames).unwrap()
-}
-
-/// (seq, payload) batches kept for replay.
-type Retained = Arc<Mutex<Vec<(u64, Vec<u8>)>>>;
 
 /// One engine "process": a PUB and a replay ROUTER (answering as vLLM ≥ 0.26 does).
 struct Engine {
@@ -118,33 +77,11 @@ impl Engine {
                     continue;
                 };
                 let start = u64::from_be_bytes(start[..8].try_into().unwrap());
-                let batches: Vec<(u64, Vec<u8>)> = r
-                    .lock()
-                    .unwrap()
-                    .iter()
-                    .filter(|(s, _)| *s >= start)
-                    .cloned()
-                    .collect();
-                for (seq, payload) in batches {
-                    let reply = vec![
-                        id.clone(),
-                        Bytes::new(),
-                        Bytes::from_static(TOPIC.as_bytes()),
-                        Bytes::copy_from_slice(&seq.to_be_bytes()),
-                        Bytes::from(payload),
-                    ];
-                    if router.send(msg(reply)).await.is_err() {
+                for m in replay_answer(&r, id, start) {
+                    if router.send(m).await.is_err() {
                         break;
                     }
                 }
-                let end = vec![
-                    id.clone(),
-                    Bytes::new(),
-                    Bytes::new(),
-                    Bytes::copy_from_slice(&u64::MAX.to_be_bytes()),
-                    Bytes::new(),
-                ];
-                let _ = router.send(msg(end)).await;
             }
             // Close the listener before returning, as a dying process's would be.
             let _ = router.close().await;
@@ -180,12 +117,7 @@ impl Engine {
 
     /// Publishes batch `seq` (live only).
     async fn send(&mut self, seq: u64, payload: Vec<u8>) {
-        let frames = vec![
-            Bytes::from_static(TOPIC.as_bytes()),
-            Bytes::copy_from_slice(&seq.to_be_bytes()),
-            Bytes::from(payload),
-        ];
-        self.sock.send(msg(frames)).await.unwrap();
+        self.sock.send(live(seq, payload)).await.unwrap();
     }
 
     fn retained_payloads(&self) -> Vec<Vec<u8>> {
@@ -196,23 +128,6 @@ impl Engine {
             .map(|(_, p)| p.clone())
             .collect()
     }
-}
-
-async fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + DEADLINE;
-    while !cond() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
-
-fn metric(reg: &Registry, line_prefix: &str) -> Option<f64> {
-    let mut out = String::new();
-    prometheus_client::encoding::text::encode(&mut out, reg).unwrap();
-    out.lines()
-        .find(|l| l.starts_with(line_prefix))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse().ok())
 }
 
 /// Index, subscriber and endpoint for one engine at `pub_url` / `replay_url`.
@@ -262,7 +177,7 @@ fn keys_of(generation: u32, seq: u64) -> BlockKeys {
 /// before the subscriber has reconnected; the index must then hold exactly the new blocks.
 async fn restart_case(n: u64, k: u64) {
     // Published before the subscriber exists: the replay on first contact delivers them.
-    let history = (0..n).map(|seq| (seq, batch(0, seq))).collect();
+    let history = (0..n).map(|seq| (seq, batch(0, seq, true))).collect();
     let (old, pub_url, replay_url) =
         Engine::start("tcp://127.0.0.1:0", "tcp://127.0.0.1:0", history).await;
     let (reg, ix, sub, ep) = subscribe(&pub_url, &replay_url);
@@ -288,7 +203,7 @@ async fn restart_case(n: u64, k: u64) {
     );
     // The new process: seq from 0 again, other blocks, `0..k` published by the time the
     // subscriber can reconnect, then nothing: the subscriber gets it by reconciling.
-    let history = (0..k).map(|seq| (seq, batch(1, seq))).collect();
+    let history = (0..k).map(|seq| (seq, batch(1, seq, true))).collect();
     let (mut new, _, _) = Engine::start(&pub_url, &replay_url, history).await;
     let want_new = expected_blocks(&new.retained_payloads());
     wait_for("the index holding exactly the new process's blocks", || {
@@ -332,7 +247,7 @@ async fn restart_case(n: u64, k: u64) {
             Instant::now() < deadline,
             "live batches after the restart never applied"
         );
-        new.publish(seq, batch(1, seq)).await;
+        new.publish(seq, batch(1, seq, true)).await;
         seq += 1;
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
@@ -403,7 +318,7 @@ impl Drop for Relay {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn blip_keeps_holdings_and_catches_up() {
     let n = 5;
-    let history = (0..n).map(|seq| (seq, batch(0, seq))).collect();
+    let history = (0..n).map(|seq| (seq, batch(0, seq, true))).collect();
     let (mut engine, pub_url, replay_url) =
         Engine::start("tcp://127.0.0.1:0", "tcp://127.0.0.1:0", history).await;
     let upstream = pub_url.trim_start_matches("tcp://").to_owned();
@@ -418,7 +333,7 @@ async fn blip_keeps_holdings_and_catches_up() {
     wait_for("the endpoint unconfirmed", || ix.is_unconfirmed(ep)).await;
     // Published while the subscriber is cut off: only the replay can deliver these.
     for seq in n..n + 3 {
-        engine.publish(seq, batch(0, seq)).await;
+        engine.publish(seq, batch(0, seq, true)).await;
     }
     let (_relay, _) = Relay::start(&relay_addr, &upstream).await;
     let want = expected_blocks(&engine.retained_payloads());

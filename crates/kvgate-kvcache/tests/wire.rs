@@ -4,71 +4,26 @@
 // Test-only helpers outside `#[test]` functions: panicking on setup failure is the point.
 #![allow(clippy::unwrap_used)]
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 use kvgate_kvcache::{
-    BlockHash, BlockKey, BlockStored, Encoding, EndpointKey, EndpointSource, EndpointSpec,
-    IndexConfig, KvEvent, KvEventBatch, KvEventSubscriber, KvIndex, KvMetrics, SubscriberConfig,
-    Tier, decode_batch, encode_batch,
+    BlockKey, EndpointSource, IndexConfig, KvEventSubscriber, KvIndex, KvMetrics, SubscriberConfig,
 };
 use kvgate_kvcache::{KeyScope, block_keys};
 use prometheus_client::registry::Registry;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-use zeromq::{PubSocket, RouterSocket, Socket, SocketRecv, SocketSend, ZmqMessage};
+use zeromq::{PubSocket, RouterSocket, Socket, SocketRecv, SocketSend};
 
-const TOPIC: &str = "kv@127.0.0.1:8000@m";
+mod common;
+
+use common::{
+    DEADLINE, Retained, batch, expected_blocks, live, metric, msg, replay_answer, spec, wait_for,
+};
+
 const REPLAY_OK: &str = "kvgate_kv_replays_total{endpoint=\"127.0.0.1:8000#0\",reason=\"ok\"}";
-const DEADLINE: Duration = Duration::from_secs(20);
-
-fn spec() -> EndpointSpec {
-    EndpointSpec {
-        key: EndpointKey::new("127.0.0.1:8000", 0),
-        model: "m".into(),
-        block_size: 16,
-        capacity_blocks: None,
-    }
-}
-
-/// Batch `seq` of generation `generation`: one block, chained on the previous batch's block
-/// unless `chain_start` (then it is block 0 of a new prompt).
-fn batch(generation: u32, seq: u64, chain_start: bool) -> Vec<u8> {
-    let base = 1_000_000 * u64::from(generation) + 1_000;
-    let tok0 = generation * 100_000 + seq as u32 * 16;
-    let ev = KvEvent::BlockStored(BlockStored {
-        block_hashes: vec![BlockHash::Int(base + seq)],
-        parent_block_hash: if chain_start {
-            None
-        } else {
-            Some(BlockHash::Int(base + seq - 1))
-        },
-        token_ids: (tok0..tok0 + 16).collect(),
-        block_size: 16,
-        medium: Some("GPU".into()),
-        ..Default::default()
-    });
-    encode_batch(seq as f64, &[ev], Some(0), Encoding::Map)
-}
-
-/// The index a loss-free subscriber would have built from `payloads`.
-fn expected_blocks(payloads: &[Vec<u8>]) -> Vec<(BlockKey, Tier)> {
-    let ix = KvIndex::new(IndexConfig::default(), KvMetrics::unregistered());
-    let id = ix.register_endpoint(spec());
-    for p in payloads {
-        let (b, _): (KvEventBatch, _) = decode_batch(p).unwrap();
-        ix.apply_batch(id, &b);
-    }
-    ix.endpoint_blocks(id)
-}
-
-fn msg(frames: Vec<Bytes>) -> ZmqMessage {
-    ZmqMessage::try_from(frames).unwrap()
-}
-
-/// (seq, payload) batches kept for replay.
-type Retained = Arc<Mutex<Vec<(u64, Vec<u8>)>>>;
 
 struct Publisher {
     sock: PubSocket,
@@ -92,12 +47,7 @@ impl Publisher {
     async fn publish(&mut self, seq: u64, payload: Vec<u8>, drop_live: bool) {
         self.retained.lock().unwrap().push((seq, payload.clone()));
         if !drop_live {
-            let frames = vec![
-                Bytes::from_static(TOPIC.as_bytes()),
-                Bytes::copy_from_slice(&seq.to_be_bytes()),
-                Bytes::from(payload),
-            ];
-            self.sock.send(msg(frames)).await.unwrap();
+            self.sock.send(live(seq, payload)).await.unwrap();
         }
     }
 
@@ -117,42 +67,12 @@ impl Publisher {
                     "DEALER must send an empty delimiter frame"
                 );
                 let start = u64::from_be_bytes(start[..8].try_into().unwrap());
-                let batches: Vec<(u64, Vec<u8>)> = retained
-                    .lock()
-                    .unwrap()
-                    .iter()
-                    .filter(|(s, _)| *s >= start)
-                    .cloned()
-                    .collect();
-                for (seq, payload) in batches {
-                    let reply = vec![
-                        id.clone(),
-                        Bytes::new(),
-                        Bytes::from_static(TOPIC.as_bytes()),
-                        Bytes::copy_from_slice(&seq.to_be_bytes()),
-                        Bytes::from(payload),
-                    ];
-                    router.send(msg(reply)).await.unwrap();
+                for m in replay_answer(&retained, id, start) {
+                    router.send(m).await.unwrap();
                 }
-                let end = vec![
-                    id.clone(),
-                    Bytes::new(),
-                    Bytes::new(),
-                    Bytes::copy_from_slice(&u64::MAX.to_be_bytes()),
-                    Bytes::new(),
-                ];
-                router.send(msg(end)).await.unwrap();
             }
         });
         url
-    }
-}
-
-async fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + DEADLINE;
-    while !cond() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
 
@@ -193,15 +113,6 @@ async fn warm_up(
     })
     .await;
     seq + 1
-}
-
-fn metric(reg: &Registry, line_prefix: &str) -> Option<f64> {
-    let mut out = String::new();
-    prometheus_client::encoding::text::encode(&mut out, reg).unwrap();
-    out.lines()
-        .find(|l| l.starts_with(line_prefix))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse().ok())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
