@@ -10,6 +10,7 @@ mod common;
 use std::time::Duration;
 
 use common::{
+    conv::Conv,
     spy::{Answer, Spy},
     *,
 };
@@ -17,12 +18,9 @@ use envoy_types::pb::envoy::{
     config::core::v3::{HeaderMap, HeaderValue},
     service::ext_proc::v3::{
         HttpBody, HttpHeaders, ProcessingRequest, ProcessingResponse, ProtocolConfiguration,
-        external_processor_client::ExternalProcessorClient, processing_request::Request as Phase,
-        processing_response::Response as Reply,
+        processing_request::Request as Phase, processing_response::Response as Reply,
     },
 };
-use tokio::sync::mpsc;
-use tonic::Streaming;
 
 const BUFFERED: i32 = 2;
 
@@ -35,39 +33,7 @@ async fn epp(flow_control: &str) -> (Epp, Spy) {
     (Epp::start(config(&yaml, None), any_port()), spy)
 }
 
-/// One ext_proc stream, Envoy's side.
-struct Conv {
-    tx: mpsc::Sender<ProcessingRequest>,
-    rx: Streaming<ProcessingResponse>,
-}
-
 impl Conv {
-    async fn open(epp: &Epp) -> Conv {
-        let mut client = ExternalProcessorClient::connect(format!("http://{}", epp.addr))
-            .await
-            .unwrap();
-        let (tx, rx) = mpsc::channel::<ProcessingRequest>(16);
-        let out =
-            futures_util::stream::unfold(
-                rx,
-                |mut rx| async move { rx.recv().await.map(|m| (m, rx)) },
-            );
-        let rx = client.process(out).await.unwrap().into_inner();
-        Conv { tx, rx }
-    }
-
-    async fn send(&self, msg: ProcessingRequest) {
-        self.tx.send(msg).await.unwrap();
-    }
-
-    async fn recv(&mut self) -> ProcessingResponse {
-        tokio::time::timeout(Duration::from_secs(10), self.rx.message())
-            .await
-            .expect("no answer within 10 s")
-            .unwrap()
-            .expect("stream closed")
-    }
-
     /// A buffered chat request's headers and body; the headers' answer is read, the body's
     /// is left to the caller.
     async fn request(&mut self, extra: &[(&str, &str)]) {

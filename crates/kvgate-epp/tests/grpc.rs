@@ -9,6 +9,7 @@ mod common;
 use std::{collections::HashMap, time::Duration};
 
 use common::{
+    conv::Conv,
     spy::{Answer, Spy},
     *,
 };
@@ -17,15 +18,13 @@ use envoy_types::pb::{
         config::core::v3::{HeaderMap, HeaderValue, Metadata},
         service::ext_proc::v3::{
             HttpBody, HttpHeaders, ProcessingRequest, ProcessingResponse, ProtocolConfiguration,
-            body_mutation::Mutation, external_processor_client::ExternalProcessorClient,
-            processing_request::Request as Phase, processing_response::Response as Reply,
+            body_mutation::Mutation, processing_request::Request as Phase,
+            processing_response::Response as Reply,
         },
     },
     google::protobuf::{Struct, value::Kind},
 };
 use kvgate_epp::{DESTINATION, DESTINATION_SUBSET, LB_NAMESPACE, SUBSET_HINT_NAMESPACE};
-use tokio::sync::mpsc;
-use tonic::Streaming;
 use tonic_health::pb::{HealthCheckRequest, health_check_response::ServingStatus, health_client};
 
 const BUFFERED: i32 = 2;
@@ -43,40 +42,6 @@ async fn epp_with(edit: impl FnOnce(&mut kvgate_proxy::ProxyConfig)) -> (Epp, Ve
     let mut config = config(&yaml, None);
     edit(&mut config);
     (Epp::start(config, any_port()), spies)
-}
-
-/// One ext_proc stream, Envoy's side.
-struct Conv {
-    tx: mpsc::Sender<ProcessingRequest>,
-    rx: Streaming<ProcessingResponse>,
-}
-
-impl Conv {
-    async fn open(epp: &Epp) -> Conv {
-        let mut client = ExternalProcessorClient::connect(format!("http://{}", epp.addr))
-            .await
-            .unwrap();
-        let (tx, rx) = mpsc::channel::<ProcessingRequest>(16);
-        let out =
-            futures_util::stream::unfold(
-                rx,
-                |mut rx| async move { rx.recv().await.map(|m| (m, rx)) },
-            );
-        let rx = client.process(out).await.unwrap().into_inner();
-        Conv { tx, rx }
-    }
-
-    async fn send(&self, msg: ProcessingRequest) {
-        self.tx.send(msg).await.unwrap();
-    }
-
-    async fn recv(&mut self) -> ProcessingResponse {
-        tokio::time::timeout(Duration::from_secs(10), self.rx.message())
-            .await
-            .expect("no answer within 10 s")
-            .unwrap()
-            .expect("stream closed")
-    }
 }
 
 fn headers(list: &[(&str, &str)], eos: bool, modes: Option<(i32, i32)>) -> ProcessingRequest {

@@ -21,6 +21,7 @@ use kvgate_sim::{BUNDLED_TOKENIZER, Sim, SimArgs};
 use prometheus_client::registry::Registry;
 use tokio::sync::oneshot;
 
+pub mod conv;
 pub mod spy;
 
 pub const MODEL: &str = "Qwen/Qwen3-0.6B";
