@@ -3,6 +3,8 @@
 //! Conditions are waited on (engine arrivals, the controller's queue), never timed.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
 use std::{future::Future, sync::Arc, time::Duration};
 
 use axum::{Json, Router, extract::State, http::HeaderMap, routing::post};
@@ -176,20 +178,7 @@ fn assert_429(a: &Answer, code: &str) {
 }
 
 async fn metrics(proxy: &RunningProxy) -> String {
-    let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
-    let resp = client
-        .get(format!("{}/metrics", proxy.admin_url()).parse().unwrap())
-        .await
-        .unwrap();
-    String::from_utf8(
-        resp.into_body()
-            .collect()
-            .await
-            .unwrap()
-            .to_bytes()
-            .to_vec(),
-    )
-    .unwrap()
+    common::admin_text(proxy, "/metrics").await
 }
 
 /// Reject mode: with a global limit of N, N+M concurrent requests give exactly M 429s (with

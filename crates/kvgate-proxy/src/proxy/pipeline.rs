@@ -175,9 +175,8 @@ impl Proxy {
         }
     }
 
-    /// The healthy endpoints `routed` may be sent to now: not tried yet, within its subset,
-    /// not known not to serve its model.
-    fn candidates(&self, routed: &Routed, now: Instant) -> Vec<Arc<EndpointState>> {
+    /// The healthy endpoints `routed` has not been sent to yet, within its subset.
+    fn untried(&self, routed: &Routed, now: Instant) -> Vec<Arc<EndpointState>> {
         self.registry
             .healthy(now)
             .into_iter()
@@ -188,6 +187,14 @@ impl Proxy {
                     .as_ref()
                     .is_none_or(|s| s.iter().any(|n| n == e.name()))
             })
+            .collect()
+    }
+
+    /// The healthy endpoints `routed` may be sent to now: not tried yet, within its subset,
+    /// not known not to serve its model.
+    fn candidates(&self, routed: &Routed, now: Instant) -> Vec<Arc<EndpointState>> {
+        self.untried(routed, now)
+            .into_iter()
             .filter(|e| {
                 routed
                     .sealed
@@ -305,18 +312,7 @@ impl Proxy {
     /// having no candidate (its message is the detail); [`ProxyError::Overloaded`] when the
     /// first pick finds every candidate at its per-endpoint limit.
     pub fn next_pick(&self, routed: &mut Routed, now: Instant) -> Result<Option<Pick>, ProxyError> {
-        let mut candidates: Vec<Arc<EndpointState>> = self
-            .registry
-            .healthy(now)
-            .into_iter()
-            .filter(|e| !routed.tried.iter().any(|t| t == e.name()))
-            .filter(|e| {
-                routed
-                    .subset
-                    .as_ref()
-                    .is_none_or(|s| s.iter().any(|n| n == e.name()))
-            })
-            .collect();
+        let mut candidates = self.untried(routed, now);
         let limited = routed.permit.is_some()
             && self
                 .flow

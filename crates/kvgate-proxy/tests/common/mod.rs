@@ -121,11 +121,18 @@ pub(crate) fn system_prompt(seed: usize, words: usize) -> String {
 }
 
 pub(crate) async fn proxy_get(proxy: &RunningProxy, path: &str) -> String {
+    get_text(format!("{}{path}", proxy.url())).await
+}
+
+/// The body of `GET path` on `proxy`'s admin port, as text.
+pub(crate) async fn admin_text(proxy: &RunningProxy, path: &str) -> String {
+    get_text(format!("{}{path}", proxy.admin_url())).await
+}
+
+/// The body of `GET url`, as text.
+pub(crate) async fn get_text(url: String) -> String {
     let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
-    let resp = client
-        .get(format!("{}{path}", proxy.url()).parse().unwrap())
-        .await
-        .unwrap();
+    let resp = client.get(url.parse().unwrap()).await.unwrap();
     String::from_utf8(
         resp.into_body()
             .collect()
