@@ -14,6 +14,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use kvgate_request::Api;
+use kvgate_tokenize::test_util::BENCH_WORDS as VOCAB;
 use kvgate_tokenize::{LocalOptions, LocalTokenizer, PrefixSession};
 use serde_json::json;
 
@@ -40,40 +41,6 @@ fn random_words(seed: u64, words: usize) -> String {
         .collect::<Vec<_>>()
         .join(" ")
 }
-
-const VOCAB: &[&str] = &[
-    "the",
-    "router",
-    "sends",
-    "each",
-    "request",
-    "to",
-    "an",
-    "engine",
-    "whose",
-    "prefix",
-    "cache",
-    "already",
-    "holds",
-    "blocks",
-    "of",
-    "tokens",
-    "latency",
-    "drops",
-    "when",
-    "hits",
-    "are",
-    "high",
-    "模型",
-    "缓存",
-    "naïve",
-    "café",
-    "{\"k\": 1}",
-    "fn main()",
-    "3.14159",
-    "—",
-    "…",
-];
 
 fn paragraph(seed: usize, words: usize) -> String {
     (0..words)

@@ -10,43 +10,9 @@
 use std::hint::black_box;
 
 use kvgate_request::Api;
+use kvgate_tokenize::test_util::BENCH_WORDS as VOCAB;
 use kvgate_tokenize::{LocalOptions, LocalTokenizer};
 use serde_json::json;
-
-/// The `cold_chat` bench's words (benches/tokenize.rs).
-const VOCAB: &[&str] = &[
-    "the",
-    "router",
-    "sends",
-    "each",
-    "request",
-    "to",
-    "an",
-    "engine",
-    "whose",
-    "prefix",
-    "cache",
-    "already",
-    "holds",
-    "blocks",
-    "of",
-    "tokens",
-    "latency",
-    "drops",
-    "when",
-    "hits",
-    "are",
-    "high",
-    "模型",
-    "缓存",
-    "naïve",
-    "café",
-    "{\"k\": 1}",
-    "fn main()",
-    "3.14159",
-    "—",
-    "…",
-];
 
 fn body() -> Vec<u8> {
     let user = (0..3300)

@@ -55,3 +55,39 @@ impl Rng {
         items[self.below(items.len())]
     }
 }
+
+/// The words the tokenize benches and the callgrind driver build their texts from (mixed
+/// scripts, punctuation, JSON and code, as prompts have).
+pub const BENCH_WORDS: &[&str] = &[
+    "the",
+    "router",
+    "sends",
+    "each",
+    "request",
+    "to",
+    "an",
+    "engine",
+    "whose",
+    "prefix",
+    "cache",
+    "already",
+    "holds",
+    "blocks",
+    "of",
+    "tokens",
+    "latency",
+    "drops",
+    "when",
+    "hits",
+    "are",
+    "high",
+    "模型",
+    "缓存",
+    "naïve",
+    "café",
+    "{\"k\": 1}",
+    "fn main()",
+    "3.14159",
+    "—",
+    "…",
+];
