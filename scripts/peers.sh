@@ -658,11 +658,13 @@ try:
 except OSError:
     pass
 rec["replay_log_lines"] = replays
-rec["replays_complete"] = sum("kv event gap replayed" in l for l in replays)
+# A complete replay: a gap filled, or a connection's replay from seq 0 (warm start).
+complete = lambda l: "kv event gap replayed" in l or ("replayed on connect" in l and "Complete" in l)
+rec["replays_complete"] = sum(complete(l) for l in replays)
 # When the last complete replay was logged (kvgate's log times are UTC ISO-8601).
 done = None
 for l in replays:
-    if "kv event gap replayed" in l:
+    if complete(l):
         try:
             done = datetime.fromisoformat(l.split()[0].replace("Z", "+00:00")).timestamp()
         except ValueError:
@@ -689,7 +691,7 @@ PYEOF
   elif [[ -z $RS_UP_US ]]; then line="SIGKILL at +$(us_s $((RS_KILL_US - BENCH_LAUNCH_US))) s, replica 0 did NOT come back"
   else line="SIGKILL at +$(us_s $((RS_KILL_US - BENCH_LAUNCH_US))) s after the bench launch, down $(us_s $((RS_UP_US - RS_KILL_US))) s"
   fi
-  log "restart $(basename "$logp"): $line; $(grep -c 'kv event gap replayed' "$rlog" || true) complete replay(s) logged after it (logs/$(basename "$rlog"))"
+  log "restart $(basename "$logp"): $line; $(grep -cE 'kv event gap replayed|replayed on connect.*Complete' "$rlog" || true) complete replay(s) logged after it (logs/$(basename "$rlog"))"
 }
 
 # run_one WORKLOAD ROUTER REPEAT BENCH_FLAGS... : fresh router, reset, bench, stop; for a
