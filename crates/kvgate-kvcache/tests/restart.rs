@@ -11,20 +11,15 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use kvgate_kvcache::{BlockKeys, KeyScope, block_keys};
-use kvgate_kvcache::{
-    EndpointSource, IndexConfig, KvEventSubscriber, KvIndex, KvMetrics, SubscriberConfig,
-};
+use kvgate_kvcache::{IndexConfig, KvEventSubscriber, KvIndex, KvMetrics, SubscriberConfig};
 use prometheus_client::registry::Registry;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
-use tokio_util::sync::CancellationToken;
 use zeromq::{PubSocket, RouterSocket, Socket, SocketRecv, SocketSend};
 
 mod common;
 
-use common::{
-    DEADLINE, Retained, batch, expected_blocks, live, metric, replay_answer, spec, wait_for,
-};
+use common::{DEADLINE, Retained, batch, expected_blocks, live, metric, replay_answer, wait_for};
 
 const EP: &str = "{endpoint=\"127.0.0.1:8000#0\"}";
 
@@ -142,20 +137,13 @@ fn subscribe(
 ) {
     let mut reg = Registry::default();
     let ix = KvIndex::new(IndexConfig::default(), KvMetrics::new(&mut reg));
-    let source = EndpointSource {
-        spec: spec(),
-        kv_events: pub_url.to_owned(),
-        replay: Some(replay_url.to_owned()),
-        topic: "kv@".into(),
-    };
-    let sub = KvEventSubscriber::spawn(
+    let (sub, ep) = common::subscribe(
+        &ix,
         SubscriberConfig::default(),
-        vec![source],
-        ix.clone(),
-        CancellationToken::new(),
-    )
-    .unwrap();
-    let ep = ix.endpoint_id(&spec().key).unwrap();
+        pub_url.to_owned(),
+        Some(replay_url.to_owned()),
+        "kv@",
+    );
     (reg, ix, sub, ep)
 }
 

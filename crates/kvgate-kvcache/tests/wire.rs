@@ -8,19 +8,17 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use kvgate_kvcache::{
-    BlockKey, EndpointSource, IndexConfig, KvEventSubscriber, KvIndex, KvMetrics, SubscriberConfig,
-};
+use kvgate_kvcache::{BlockKey, IndexConfig, KvIndex, KvMetrics, SubscriberConfig};
 use kvgate_kvcache::{KeyScope, block_keys};
 use prometheus_client::registry::Registry;
 use tokio::time::Instant;
-use tokio_util::sync::CancellationToken;
 use zeromq::{PubSocket, RouterSocket, Socket, SocketRecv, SocketSend};
 
 mod common;
 
 use common::{
-    DEADLINE, Retained, batch, expected_blocks, live, metric, msg, replay_answer, spec, wait_for,
+    DEADLINE, Retained, batch, expected_blocks, live, metric, msg, replay_answer, subscribe,
+    wait_for,
 };
 
 const REPLAY_OK: &str = "kvgate_kv_replays_total{endpoint=\"127.0.0.1:8000#0\",reason=\"ok\"}";
@@ -121,19 +119,11 @@ async fn gap_is_replayed_reset_drops_blocks_and_removal_drops_holdings() {
     let ix = KvIndex::new(IndexConfig::default(), KvMetrics::new(&mut reg));
     let mut p = Publisher::bind().await;
     let replay_url = p.spawn_replay().await;
-    let source = EndpointSource {
-        spec: spec(),
-        kv_events: p.url.clone(),
-        replay: Some(replay_url),
-        topic: "kv@".into(),
-    };
     let config = SubscriberConfig {
         reconnect_backoff: Duration::from_millis(50),
         ..SubscriberConfig::default()
     };
-    let sub = KvEventSubscriber::spawn(config, vec![source], ix.clone(), CancellationToken::new())
-        .unwrap();
-    let ep = ix.endpoint_id(&spec().key).unwrap();
+    let (sub, ep) = subscribe(&ix, config, p.url.clone(), Some(replay_url), "kv@");
 
     // Sequence 0..N with batch k lost on the live path.
     let k = warm_up(&mut p, &ix, ep, 0).await;
@@ -210,20 +200,7 @@ async fn gap_without_replay_marks_endpoint_degraded() {
     let mut reg = Registry::default();
     let ix = KvIndex::new(IndexConfig::default(), KvMetrics::new(&mut reg));
     let mut p = Publisher::bind().await;
-    let source = EndpointSource {
-        spec: spec(),
-        kv_events: p.url.clone(),
-        replay: None,
-        topic: String::new(),
-    };
-    let sub = KvEventSubscriber::spawn(
-        SubscriberConfig::default(),
-        vec![source],
-        ix.clone(),
-        CancellationToken::new(),
-    )
-    .unwrap();
-    let ep = ix.endpoint_id(&spec().key).unwrap();
+    let (sub, ep) = subscribe(&ix, SubscriberConfig::default(), p.url.clone(), None, "");
     let k = warm_up(&mut p, &ix, ep, 0).await;
     let baseline = ix.holdings(ep);
     assert!(!ix.is_degraded(ep));
@@ -251,20 +228,7 @@ async fn malformed_frames_are_counted_not_fatal() {
     let mut reg = Registry::default();
     let ix = KvIndex::new(IndexConfig::default(), KvMetrics::new(&mut reg));
     let mut p = Publisher::bind().await;
-    let source = EndpointSource {
-        spec: spec(),
-        kv_events: p.url.clone(),
-        replay: None,
-        topic: String::new(),
-    };
-    let sub = KvEventSubscriber::spawn(
-        SubscriberConfig::default(),
-        vec![source],
-        ix.clone(),
-        CancellationToken::new(),
-    )
-    .unwrap();
-    let ep = ix.endpoint_id(&spec().key).unwrap();
+    let (sub, ep) = subscribe(&ix, SubscriberConfig::default(), p.url.clone(), None, "");
     let k = warm_up(&mut p, &ix, ep, 0).await;
     // Two frames only, then a garbage payload with a valid seq, then a good batch.
     p.sock
@@ -327,20 +291,13 @@ async fn connect_replays_retained_history_before_the_next_event() {
     for seq in 0..n {
         p.publish(seq, batch(0, seq, seq == 0), false).await;
     }
-    let source = EndpointSource {
-        spec: spec(),
-        kv_events: p.url.clone(),
-        replay: Some(replay_url),
-        topic: "kv@".into(),
-    };
-    let sub = KvEventSubscriber::spawn(
+    let (sub, ep) = subscribe(
+        &ix,
         SubscriberConfig::default(),
-        vec![source],
-        ix.clone(),
-        CancellationToken::new(),
-    )
-    .unwrap();
-    let ep = ix.endpoint_id(&spec().key).unwrap();
+        p.url.clone(),
+        Some(replay_url),
+        "kv@",
+    );
     let history: Vec<Vec<u8>> = (0..n).map(|s| batch(0, s, s == 0)).collect();
     let want = expected_blocks(&history);
     wait_for("retained history replayed without a new event", || {
@@ -374,19 +331,11 @@ async fn restart_seen_as_a_forward_jump_on_reconnect_drops_old_holdings() {
     let mut reg = Registry::default();
     let ix = KvIndex::new(IndexConfig::default(), KvMetrics::new(&mut reg));
     let mut old = Publisher::bind().await;
-    let source = EndpointSource {
-        spec: spec(),
-        kv_events: old.url.clone(),
-        replay: None,
-        topic: "kv@".into(),
-    };
     let config = SubscriberConfig {
         reconnect_backoff: Duration::from_millis(20),
         ..SubscriberConfig::default()
     };
-    let sub = KvEventSubscriber::spawn(config, vec![source], ix.clone(), CancellationToken::new())
-        .unwrap();
-    let ep = ix.endpoint_id(&spec().key).unwrap();
+    let (sub, ep) = subscribe(&ix, config, old.url.clone(), None, "kv@");
     let next = warm_up(&mut old, &ix, ep, 0).await;
     let old_blocks = ix.endpoint_blocks(ep);
     assert!(!old_blocks.is_empty());

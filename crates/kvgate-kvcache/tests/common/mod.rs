@@ -10,11 +10,13 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use kvgate_kvcache::{
-    BlockHash, BlockKey, BlockStored, Encoding, EndpointKey, EndpointSpec, IndexConfig, KvEvent,
-    KvEventBatch, KvIndex, KvMetrics, Tier, decode_batch, encode_batch,
+    BlockHash, BlockKey, BlockStored, Encoding, EndpointId, EndpointKey, EndpointSource,
+    EndpointSpec, IndexConfig, KvEvent, KvEventBatch, KvEventSubscriber, KvIndex, KvMetrics,
+    SubscriberConfig, Tier, decode_batch, encode_batch,
 };
 use prometheus_client::registry::Registry;
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 use zeromq::ZmqMessage;
 
 /// The topic every test engine publishes on.
@@ -130,4 +132,25 @@ pub fn metric(reg: &Registry, line_prefix: &str) -> Option<f64> {
         .find(|l| l.starts_with(line_prefix))
         .and_then(|l| l.rsplit(' ').next())
         .and_then(|v| v.parse().ok())
+}
+
+/// Subscribes `ix` to the test endpoint's events at `kv_events` (and its replay socket, if
+/// any) under `topic`; returns the subscriber and the endpoint's id.
+pub fn subscribe(
+    ix: &KvIndex,
+    config: SubscriberConfig,
+    kv_events: String,
+    replay: Option<String>,
+    topic: &str,
+) -> (KvEventSubscriber, EndpointId) {
+    let source = EndpointSource {
+        spec: spec(),
+        kv_events,
+        replay,
+        topic: topic.into(),
+    };
+    let sub = KvEventSubscriber::spawn(config, vec![source], ix.clone(), CancellationToken::new())
+        .unwrap();
+    let ep = ix.endpoint_id(&spec().key).unwrap();
+    (sub, ep)
 }
