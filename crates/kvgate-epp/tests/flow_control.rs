@@ -10,16 +10,13 @@ mod common;
 use std::time::Duration;
 
 use common::{
-    conv::Conv,
+    conv::{Conv, header_map},
     spy::{Answer, Spy},
     *,
 };
-use envoy_types::pb::envoy::{
-    config::core::v3::{HeaderMap, HeaderValue},
-    service::ext_proc::v3::{
-        HttpBody, HttpHeaders, ProcessingRequest, ProcessingResponse, ProtocolConfiguration,
-        processing_request::Request as Phase, processing_response::Response as Reply,
-    },
+use envoy_types::pb::envoy::service::ext_proc::v3::{
+    HttpBody, HttpHeaders, ProcessingRequest, ProcessingResponse, ProtocolConfiguration,
+    processing_request::Request as Phase, processing_response::Response as Reply,
 };
 
 const BUFFERED: i32 = 2;
@@ -97,19 +94,6 @@ impl Conv {
         })
         .await;
         self.recv().await;
-    }
-}
-
-fn header_map(list: &[(&str, &str)]) -> HeaderMap {
-    HeaderMap {
-        headers: list
-            .iter()
-            .map(|(k, v)| HeaderValue {
-                key: (*k).to_owned(),
-                raw_value: v.as_bytes().to_vec(),
-                ..HeaderValue::default()
-            })
-            .collect(),
     }
 }
 

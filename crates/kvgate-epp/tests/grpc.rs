@@ -9,13 +9,13 @@ mod common;
 use std::{collections::HashMap, time::Duration};
 
 use common::{
-    conv::Conv,
+    conv::{Conv, header_map},
     spy::{Answer, Spy},
     *,
 };
 use envoy_types::pb::{
     envoy::{
-        config::core::v3::{HeaderMap, HeaderValue, Metadata},
+        config::core::v3::Metadata,
         service::ext_proc::v3::{
             HttpBody, HttpHeaders, ProcessingRequest, ProcessingResponse, ProtocolConfiguration,
             body_mutation::Mutation, processing_request::Request as Phase,
@@ -67,19 +67,6 @@ fn response_headers(list: &[(&str, &str)]) -> ProcessingRequest {
             ..HttpHeaders::default()
         })),
         ..ProcessingRequest::default()
-    }
-}
-
-fn header_map(list: &[(&str, &str)]) -> HeaderMap {
-    HeaderMap {
-        headers: list
-            .iter()
-            .map(|(k, v)| HeaderValue {
-                key: (*k).to_owned(),
-                raw_value: v.as_bytes().to_vec(),
-                ..HeaderValue::default()
-            })
-            .collect(),
     }
 }
 

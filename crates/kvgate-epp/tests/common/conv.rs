@@ -2,8 +2,11 @@
 
 use std::time::Duration;
 
-use envoy_types::pb::envoy::service::ext_proc::v3::{
-    ProcessingRequest, ProcessingResponse, external_processor_client::ExternalProcessorClient,
+use envoy_types::pb::envoy::{
+    config::core::v3::{HeaderMap, HeaderValue},
+    service::ext_proc::v3::{
+        ProcessingRequest, ProcessingResponse, external_processor_client::ExternalProcessorClient,
+    },
 };
 use tokio::sync::mpsc;
 use tonic::Streaming;
@@ -44,5 +47,19 @@ impl Conv {
             .expect("no answer within 10 s")
             .unwrap()
             .expect("stream closed")
+    }
+}
+
+/// Envoy's header map of `list` (values as raw bytes, as Envoy sends them).
+pub fn header_map(list: &[(&str, &str)]) -> HeaderMap {
+    HeaderMap {
+        headers: list
+            .iter()
+            .map(|(k, v)| HeaderValue {
+                key: (*k).to_owned(),
+                raw_value: v.as_bytes().to_vec(),
+                ..HeaderValue::default()
+            })
+            .collect(),
     }
 }
