@@ -75,6 +75,8 @@ BENCH_COMMON=(--max-tokens 16 --seed 7 --quiet)
 # while the router is down. At 6/s kvgate and kvgate-approx are stable without a restart (both
 # 93.6% in a trial); at 10/s kvgate (precise) fell into a cache-thrashing regime (71.6%) even
 # without one.
+# mooncake-30: the same from minute 30 of the trace (a second sample of the same traffic, to
+# check that what helps on the first one is not fitted to it).
 # mooncake: the first 2,000 trace requests (about 10 minutes of traffic, replayed at 4x, which a 2-core box running the sims too keeps up with),
 # engines with 32,768 KV blocks (524k tokens) each and fast
 # enough to keep up (400k prefill tokens/s), output capped at 16; the bench's bounded-cache
@@ -88,6 +90,7 @@ WORKLOAD_ROWS=(
   "agentic||--workload agentic --concurrency 8|--workload agentic --agents 4 --rounds 2 --concurrency 8"
   "burst||--workload burst --concurrency 8|--workload burst --bursts 4 --siblings 4 --concurrency 8"
   "mooncake|--num-gpu-blocks 32768 --max-model-len 131072 --prefill-tokens-per-s 400000|--workload mooncake --trace $MOONCAKE_TRACE --max-requests 2000 --trace-speed 4 --max-output-tokens 16 --oracle-blocks 131072|--workload mooncake --trace $MOONCAKE_TRACE --max-requests 200 --trace-speed 10 --max-output-tokens 16 --oracle-blocks 131072"
+  "mooncake-30|--num-gpu-blocks 32768 --max-model-len 131072 --prefill-tokens-per-s 400000|--workload mooncake --trace $MOONCAKE_TRACE --window 30.. --max-requests 2000 --trace-speed 4 --max-output-tokens 16 --oracle-blocks 131072|--workload mooncake --trace $MOONCAKE_TRACE --window 30.. --max-requests 200 --trace-speed 10 --max-output-tokens 16 --oracle-blocks 131072"
 )
 
 # Routers. NAME@N = N replicas of NAME behind one multi-URL bench target (needs the bench's
