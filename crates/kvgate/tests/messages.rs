@@ -1,5 +1,6 @@
 //! End to end, real processes: Anthropic `/v1/messages` conversations through `kvgate serve`
-//! (local tokenizer, KV events) in front of three `kvgate sim` engines. Each follow-up must
+//! (KV events; the local tokenizer, or the engines' `/v1/messages/render`) in front of three
+//! `kvgate sim` engines. Each follow-up must
 //! reach the engine holding its conversation's prefix, the router's predicted cached tokens
 //! must equal the engine's `cache_read_input_tokens`, and the router must read that realized
 //! hit from the Anthropic usage of both plain and streamed answers (its decision log).
@@ -132,10 +133,16 @@ fn realized_by_request(log: &Path, n: usize) -> HashMap<String, Option<u64>> {
     }
 }
 
-#[test]
-fn anthropic_follow_ups_stick_to_their_holder_and_realized_equals_predicted() {
+/// The chats of a `kvgate serve` over three sims (`extra` flags after the endpoints and the
+/// decision log), checked: follow-ups on their holder with predicted = realized, and the
+/// realized hit of every answer in the decision log. Returns the router's start-up lines.
+fn follow_ups_stick_to_their_holder(extra: &[String]) -> Vec<Value> {
     let (_sim, engines) = sim(3);
-    let dir = std::env::temp_dir().join(format!("kvgate-messages-{}", std::process::id()));
+    let dir = std::env::temp_dir().join(format!(
+        "kvgate-messages-{}-{}",
+        std::process::id(),
+        extra.len()
+    ));
     std::fs::create_dir_all(&dir).unwrap();
     let log = dir.join("decisions.jsonl");
     let _ = std::fs::remove_file(&log);
@@ -148,13 +155,9 @@ fn anthropic_follow_ups_stick_to_their_holder_and_realized_equals_predicted() {
             ]
         })
         .collect();
-    flags.extend([
-        "--tokenizer".to_owned(),
-        format!("{MODEL}={TOKENIZER}"),
-        "--decision-log".to_owned(),
-        log.display().to_string(),
-    ]);
-    let (_router, _lines, proxy, _admin) = serve(&flags);
+    flags.extend(["--decision-log".to_owned(), log.display().to_string()]);
+    flags.extend(extra.iter().cloned());
+    let (_router, lines, proxy, _admin) = serve(&flags);
 
     let (conversations, turns) = (24, 4);
     let chats = converse(proxy, conversations, turns);
@@ -196,4 +199,24 @@ fn anthropic_follow_ups_stick_to_their_holder_and_realized_equals_predicted() {
         }
     }
     let _ = std::fs::remove_dir_all(&dir);
+    lines
+}
+
+/// The router tokenizes locally.
+#[test]
+fn anthropic_follow_ups_stick_to_their_holder_with_a_local_tokenizer() {
+    let lines = follow_ups_stick_to_their_holder(&[
+        "--tokenizer".to_owned(),
+        format!("{MODEL}={TOKENIZER}"),
+    ]);
+    let chain = chain_line(&lines);
+    assert!(chain.contains("tokenizer chain local("), "{chain}");
+}
+
+/// No local tokenizer: the router's token ids come from the engines' `/v1/messages/render`.
+#[test]
+fn anthropic_follow_ups_stick_to_their_holder_through_the_engine_render_endpoint() {
+    let lines = follow_ups_stick_to_their_holder(&[]);
+    let chain = chain_line(&lines);
+    assert!(chain.contains("render(http://127.0.0.1:"), "{chain}");
 }

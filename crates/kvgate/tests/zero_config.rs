@@ -146,16 +146,6 @@ fn converse(proxy: SocketAddr, conversations: usize, turns: usize) -> Vec<(Strin
     out
 }
 
-/// The chain line of `MODEL` among `lines`.
-fn chain_line(lines: &[Value]) -> String {
-    lines
-        .iter()
-        .map(message)
-        .find(|m| m.starts_with(&format!("model {MODEL}: tokenizer chain ")))
-        .unwrap_or_else(|| panic!("no chain line for {MODEL}: {lines:#?}"))
-        .to_owned()
-}
-
 /// Follow-ups served by their conversation's first engine, and those whose predicted cached
 /// tokens equal the engine's, out of all follow-ups.
 fn tally(chats: &[(String, Vec<Turn>)]) -> (usize, usize, usize) {

@@ -247,3 +247,13 @@ pub(crate) fn system_prompt(seed: usize, words: usize) -> String {
         .join(" ")
         + &format!(" (conversation {seed})")
 }
+
+/// The chain line of `MODEL` among `lines`.
+pub(crate) fn chain_line(lines: &[Value]) -> String {
+    lines
+        .iter()
+        .map(message)
+        .find(|m| m.starts_with(&format!("model {MODEL}: tokenizer chain ")))
+        .unwrap_or_else(|| panic!("no chain line for {MODEL}: {lines:#?}"))
+        .to_owned()
+}
