@@ -10,16 +10,29 @@ use serde_json::value::RawValue;
 
 use crate::sse::{SseEvents, SsePiece, event_data};
 
-/// Replaces the top-level `model` string of a JSON object. Returns `None` when `body` is not a
-/// JSON object with a top-level string `model` (the caller then forwards it unchanged).
+/// Replaces the top-level `model` string of a JSON object, or, when it has none, the `model`
+/// string of its top-level `message` object (an Anthropic `message_start` event). Returns
+/// `None` when `body` has neither (the caller then forwards it unchanged).
 pub fn rewrite_model_json(body: &[u8], model: &str) -> Option<Vec<u8>> {
     #[derive(Deserialize)]
     struct Probe<'a> {
-        #[serde(borrow)]
-        model: &'a RawValue,
+        #[serde(borrow, default)]
+        model: Option<&'a RawValue>,
+        #[serde(borrow, default)]
+        message: Option<&'a RawValue>,
     }
     let probe: Probe<'_> = serde_json::from_slice(body).ok()?;
-    let raw = probe.model.get();
+    let found = match (probe.model, probe.message) {
+        (Some(top), _) => top,
+        // The nested value borrows from `body` too, so its offset below is into `body`.
+        (None, Some(message)) => {
+            serde_json::from_str::<Probe<'_>>(message.get())
+                .ok()?
+                .model?
+        }
+        (None, None) => return None,
+    };
+    let raw = found.get();
     if !raw.starts_with('"') {
         return None;
     }
@@ -301,6 +314,16 @@ mod tests {
             (r#"{"id":"x"}"#, None),
             (r#"{"model":null}"#, None),
             ("[DONE]", None),
+            (
+                r#"{"type":"message_start","message":{"id":"x","model":"canon","usage":{}}}"#,
+                Some(r#"{"type":"message_start","message":{"id":"x","model":"alias","usage":{}}}"#),
+            ),
+            (
+                r#"{"model":"canon","message":{"model":"inner"}}"#,
+                Some(r#"{"model":"alias","message":{"model":"inner"}}"#),
+            ),
+            (r#"{"message":"hi"}"#, None),
+            (r#"{"message":{"id":"x"}}"#, None),
         ];
         for (input, want) in cases {
             let got = rewrite_model_json(input.as_bytes(), "alias");
@@ -312,6 +335,25 @@ mod tests {
     fn sse_rewrite_across_chunk_boundaries() {
         let stream = "data: {\"model\":\"canon\",\"x\":1}\n\n: keepalive\n\ndata: {\"model\":\"canon\"}\r\n\r\ndata: [DONE]\n\n";
         let want = stream.replace("\"canon\"", "\"alias\"");
+        for split in 1..stream.len() {
+            let mut rw = SseModelRewriter::new("alias");
+            let mut out = Vec::new();
+            for chunk in stream.as_bytes().chunks(split) {
+                out.extend_from_slice(&rw.push(chunk));
+            }
+            out.extend_from_slice(&rw.finish());
+            assert_eq!(String::from_utf8(out).unwrap(), want, "chunk size {split}");
+        }
+    }
+
+    #[test]
+    fn sse_rewrite_of_an_anthropic_stream() {
+        let stream = concat!(
+            "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"x\",\"model\":\"canon\",\"content\":[]}}\n\n",
+            "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"delta\":{\"type\":\"text_delta\",\"text\":\"canon\"},\"index\":0}\n\n",
+            "event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n",
+        );
+        let want = stream.replacen("\"model\":\"canon\"", "\"model\":\"alias\"", 1);
         for split in 1..stream.len() {
             let mut rw = SseModelRewriter::new("alias");
             let mut out = Vec::new();
