@@ -27,11 +27,13 @@ struct Turn {
     cached: u64,
 }
 
-/// The text and the final usage of an answer, plain JSON or an Anthropic event stream.
-fn answer(body: &str, stream: bool) -> (String, Value) {
+/// The text and the final usage of an answer, plain JSON or an Anthropic event stream,
+/// checked to name `model`.
+fn answer(body: &str, stream: bool, model: &str) -> (String, Value) {
     if !stream {
         let v: Value = serde_json::from_str(body).unwrap();
         assert_eq!(v["type"], "message", "{v}");
+        assert_eq!(v["model"], model, "{v}");
         return (
             v["content"][0]["text"].as_str().unwrap().to_owned(),
             v["usage"].clone(),
@@ -45,6 +47,7 @@ fn answer(body: &str, stream: bool) -> (String, Value) {
         let name = name.strip_prefix("event: ").unwrap();
         let data: Value = serde_json::from_str(data.strip_prefix("data: ").unwrap()).unwrap();
         match name {
+            "message_start" => assert_eq!(data["message"]["model"], model, "{data}"),
             "content_block_delta" => text.push_str(data["delta"]["text"].as_str().unwrap()),
             "message_delta" => usage = data["usage"].clone(),
             _ => {}
@@ -64,9 +67,14 @@ fn answer(body: &str, stream: bool) -> (String, Value) {
     (text, usage)
 }
 
-/// `conversations` Anthropic conversations of `turns` turns each, one after another; every
-/// other conversation streams. Returns, per conversation, its turns.
-fn converse(proxy: std::net::SocketAddr, conversations: usize, turns: usize) -> Vec<Vec<Turn>> {
+/// `conversations` Anthropic conversations of `turns` turns each for `model`, one after
+/// another; every other conversation streams. Returns, per conversation, its turns.
+fn converse(
+    proxy: std::net::SocketAddr,
+    model: &str,
+    conversations: usize,
+    turns: usize,
+) -> Vec<Vec<Turn>> {
     let mut out = Vec::new();
     for c in 0..conversations {
         let stream = c % 2 == 1;
@@ -79,7 +87,7 @@ fn converse(proxy: std::net::SocketAddr, conversations: usize, turns: usize) -> 
                 {"type": "text", "text": "what comes next?"},
             ]}));
             let body = json!({
-                "model": MODEL,
+                "model": model,
                 "system": [{"type": "text", "text": system}],
                 "messages": messages,
                 "max_tokens": 8,
@@ -88,7 +96,7 @@ fn converse(proxy: std::net::SocketAddr, conversations: usize, turns: usize) -> 
             .to_string();
             let (status, head, reply) = exchange(proxy, "POST", "/v1/messages", &body);
             assert_eq!(status, 200, "{head}\n{reply}");
-            let (text, usage) = answer(&reply, stream);
+            let (text, usage) = answer(&reply, stream, model);
             done.push(Turn {
                 request_id: header(&head, "x-request-id").unwrap(),
                 endpoint: header(&head, "x-kvgate-endpoint").unwrap(),
@@ -133,10 +141,11 @@ fn realized_by_request(log: &Path, n: usize) -> HashMap<String, Option<u64>> {
     }
 }
 
-/// The chats of a `kvgate serve` over three sims (`extra` flags after the endpoints and the
-/// decision log), checked: follow-ups on their holder with predicted = realized, and the
-/// realized hit of every answer in the decision log. Returns the router's start-up lines.
-fn follow_ups_stick_to_their_holder(extra: &[String]) -> Vec<Value> {
+/// The chats for `model` of a `kvgate serve` over three sims (`extra` flags after the
+/// endpoints and the decision log), checked: every answer names `model`, follow-ups land on
+/// their holder with predicted = realized, and the decision log has every answer's realized
+/// hit. Returns the router's start-up lines.
+fn follow_ups_stick_to_their_holder(model: &str, extra: &[String]) -> Vec<Value> {
     let (_sim, engines) = sim(3);
     let dir = std::env::temp_dir().join(format!(
         "kvgate-messages-{}-{}",
@@ -160,7 +169,7 @@ fn follow_ups_stick_to_their_holder(extra: &[String]) -> Vec<Value> {
     let (_router, lines, proxy, _admin) = serve(&flags);
 
     let (conversations, turns) = (24, 4);
-    let chats = converse(proxy, conversations, turns);
+    let chats = converse(proxy, model, conversations, turns);
     let (mut holder, mut exact, mut all) = (0, 0, 0);
     for chat in &chats {
         let first = &chat[0].endpoint;
@@ -202,13 +211,19 @@ fn follow_ups_stick_to_their_holder(extra: &[String]) -> Vec<Value> {
     lines
 }
 
-/// The router tokenizes locally.
+/// The router tokenizes locally; clients ask for an alias, which every answer (plain, or in
+/// a stream's `message_start`) names back.
 #[test]
 fn anthropic_follow_ups_stick_to_their_holder_with_a_local_tokenizer() {
-    let lines = follow_ups_stick_to_their_holder(&[
-        "--tokenizer".to_owned(),
-        format!("{MODEL}={TOKENIZER}"),
-    ]);
+    let lines = follow_ups_stick_to_their_holder(
+        "claude-local",
+        &[
+            "--tokenizer".to_owned(),
+            format!("{MODEL}={TOKENIZER}"),
+            "--alias".to_owned(),
+            format!("claude-local={MODEL}"),
+        ],
+    );
     let chain = chain_line(&lines);
     assert!(chain.contains("tokenizer chain local("), "{chain}");
 }
@@ -216,7 +231,7 @@ fn anthropic_follow_ups_stick_to_their_holder_with_a_local_tokenizer() {
 /// No local tokenizer: the router's token ids come from the engines' `/v1/messages/render`.
 #[test]
 fn anthropic_follow_ups_stick_to_their_holder_through_the_engine_render_endpoint() {
-    let lines = follow_ups_stick_to_their_holder(&[]);
+    let lines = follow_ups_stick_to_their_holder(MODEL, &[]);
     let chain = chain_line(&lines);
     assert!(chain.contains("render(http://127.0.0.1:"), "{chain}");
 }
