@@ -24,7 +24,8 @@
 //!   simulator keeps every error of this endpoint in the Anthropic shape.
 //!
 //! `max_tokens` is required and positive (`AnthropicMessagesRequest`); `stream`,
-//! `temperature`, `top_p`, `top_k` and `cache_salt` are read as chat reads them.
+//! `temperature`, `top_p`, `top_k` and `cache_salt` are read as chat reads them, and
+//! `stop_sequences` as chat's `stop` (it shows in `/v1/messages/render`'s sampling params).
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -35,6 +36,7 @@ use axum::extract::State;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use kvgate_request::Api;
+use serde::Deserialize;
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
@@ -51,11 +53,20 @@ pub(crate) async fn messages(State(inst): State<Arc<Instance>>, body: Bytes) -> 
         .unwrap_or_else(|e| AnthropicError(e).into_response())
 }
 
-/// The request fields read, checked as `AnthropicMessagesRequest` checks them. Fields that
-/// only chat has (`max_completion_tokens`, `stop`, `stream_options`) are not Anthropic
-/// fields, so vLLM ignores them here and so does this.
+/// The request fields read, checked as `AnthropicMessagesRequest` checks them.
+/// `stop_sequences` becomes chat's `stop`; fields that only chat has (`max_completion_tokens`,
+/// `stop`, `stream_options`) are not Anthropic fields, so vLLM ignores them here and so does
+/// this.
 pub(crate) fn params(body: &[u8]) -> Result<GenParams, ApiError> {
+    #[derive(Deserialize)]
+    struct Only {
+        #[serde(default)]
+        stop_sequences: Option<Vec<String>>,
+    }
     let mut p = GenParams::parse(body)?;
+    let only: Only = serde_json::from_slice(body).map_err(|e| {
+        ApiError::bad_request(format!("stop_sequences: {e}"), Some("stop_sequences"))
+    })?;
     if p.model.is_none() {
         return Err(ApiError::bad_request(
             "model: Field required".into(),
@@ -78,7 +89,7 @@ pub(crate) fn params(body: &[u8]) -> Result<GenParams, ApiError> {
         Some(_) => {}
     }
     p.max_completion_tokens = None;
-    p.stop = None;
+    p.stop = only.stop_sequences.map(|s| json!(s));
     p.stream_options = None;
     Ok(p)
 }
@@ -520,6 +531,15 @@ mod tests {
     }
 
     #[test]
+    fn stop_sequences_become_chat_stop_and_chat_stop_is_ignored() {
+        let p = params(br#"{"model":"m","max_tokens":3,"stop":["a"],"stop_sequences":["x","y"]}"#)
+            .unwrap();
+        assert_eq!(p.stop, Some(json!(["x", "y"])));
+        let p = params(br#"{"model":"m","max_tokens":3,"stop":["a"]}"#).unwrap();
+        assert_eq!(p.stop, None);
+    }
+
+    #[test]
     fn params_are_checked_as_vllm_checks_them() {
         // (name, body, Ok(max tokens) or Err(a word of the message))
         let cases: Vec<(&str, &str, Result<u64, &str>)> = vec![
@@ -532,6 +552,11 @@ mod tests {
                 "chat-only fields are not read",
                 r#"{"model":"m","max_tokens":3,"max_completion_tokens":9}"#,
                 Ok(3),
+            ),
+            (
+                "stop_sequences not a list",
+                r#"{"model":"m","max_tokens":3,"stop_sequences":"x"}"#,
+                Err("stop_sequences"),
             ),
             (
                 "no max_tokens",
