@@ -43,7 +43,7 @@ use tokio::sync::mpsc;
 use crate::api::{TTFT_HEADER, output_budget, tokenize};
 use crate::engine::{EngineOutput, FinishInfo, FinishReason, NewRequest};
 use crate::instance::{InflightGuard, Instance, failure_error};
-use crate::openai::{ApiError, Family, GenParams, ResponseIds};
+use crate::openai::{ApiError, GenParams};
 use crate::vocab::OutputVocab;
 
 /// `POST /v1/messages`.
@@ -119,7 +119,8 @@ async fn create(inst: Arc<Instance>, body: Bytes) -> Result<Response, ApiError> 
         .submit(req)
         .map_err(|f| failure_error(&EngineOutput::Failed(f)))?;
     let head = Head {
-        id: ResponseIds::new(Family::Chat, String::new()).id,
+        // vLLM answers with the id of the chat request it ran.
+        id: format!("chatcmpl-{:032x}", rand::random::<u128>()),
         model: inst.response_model(params.model.as_deref()),
     };
     if params.is_stream() {
