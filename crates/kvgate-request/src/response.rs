@@ -10,16 +10,29 @@ use serde_json::value::RawValue;
 
 use crate::sse::{SseEvents, SsePiece, event_data};
 
-/// Replaces the top-level `model` string of a JSON object. Returns `None` when `body` is not a
-/// JSON object with a top-level string `model` (the caller then forwards it unchanged).
+/// Replaces the top-level `model` string of a JSON object, or, when it has none, the `model`
+/// string of its top-level `message` object (an Anthropic `message_start` event). Returns
+/// `None` when `body` has neither (the caller then forwards it unchanged).
 pub fn rewrite_model_json(body: &[u8], model: &str) -> Option<Vec<u8>> {
     #[derive(Deserialize)]
     struct Probe<'a> {
-        #[serde(borrow)]
-        model: &'a RawValue,
+        #[serde(borrow, default)]
+        model: Option<&'a RawValue>,
+        #[serde(borrow, default)]
+        message: Option<&'a RawValue>,
     }
     let probe: Probe<'_> = serde_json::from_slice(body).ok()?;
-    let raw = probe.model.get();
+    let found = match (probe.model, probe.message) {
+        (Some(top), _) => top,
+        // The nested value borrows from `body` too, so its offset below is into `body`.
+        (None, Some(message)) => {
+            serde_json::from_str::<Probe<'_>>(message.get())
+                .ok()?
+                .model?
+        }
+        (None, None) => return None,
+    };
+    let raw = found.get();
     if !raw.starts_with('"') {
         return None;
     }
@@ -164,12 +177,14 @@ impl SseUsageObserver {
                 && let Some(data) = event_data(event)
                 && let Some(found) = usage_from_json(&data)
             {
-                *usage = Some(found);
+                *usage = Some(usage.map_or(found, |earlier| found.or(earlier)));
             }
         });
     }
 
-    /// The last `usage` seen so far (the final one, once the stream has ended).
+    /// The last `usage` seen so far (the final one, once the stream has ended), each count
+    /// it leaves out taken from the usage before it: Anthropic streams report the prompt in
+    /// `message_start` and may send only `output_tokens` in the final `message_delta`.
     pub fn usage(&self) -> Option<Usage> {
         self.usage
     }
@@ -187,8 +202,11 @@ impl SseUsageObserver {
 
 /// Token usage an engine reports, including its prefix-cache hit.
 ///
-/// Deserializes from an OpenAI `usage` object; a count the engine left out (or sent as
-/// `null`) is `None`.
+/// Deserializes from an OpenAI `usage` object or an Anthropic one; a count the engine left
+/// out (or sent as `null`) is `None`. Anthropic's `input_tokens` counts only the uncached
+/// part of the prompt (vLLM: `prompt_tokens - cached_tokens`), so the prompt is
+/// `input_tokens + cache_read_input_tokens + cache_creation_input_tokens`, and the cached
+/// tokens are `cache_read_input_tokens`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
 #[serde(from = "RawUsage")]
 pub struct Usage {
@@ -209,6 +227,15 @@ struct RawUsage {
     completion_tokens: Option<u64>,
     #[serde(default)]
     prompt_tokens_details: Option<RawDetails>,
+    /// Anthropic: the uncached prompt tokens.
+    #[serde(default)]
+    input_tokens: Option<u64>,
+    #[serde(default)]
+    output_tokens: Option<u64>,
+    #[serde(default)]
+    cache_read_input_tokens: Option<u64>,
+    #[serde(default)]
+    cache_creation_input_tokens: Option<u64>,
 }
 
 #[derive(Deserialize)]
@@ -219,23 +246,57 @@ struct RawDetails {
 
 impl From<RawUsage> for Usage {
     fn from(raw: RawUsage) -> Self {
+        let anthropic_prompt = raw.input_tokens.map(|input| {
+            input
+                .saturating_add(raw.cache_read_input_tokens.unwrap_or(0))
+                .saturating_add(raw.cache_creation_input_tokens.unwrap_or(0))
+        });
         Self {
-            prompt_tokens: raw.prompt_tokens,
-            completion_tokens: raw.completion_tokens,
-            cached_tokens: raw.prompt_tokens_details.and_then(|d| d.cached_tokens),
+            prompt_tokens: raw.prompt_tokens.or(anthropic_prompt),
+            completion_tokens: raw.completion_tokens.or(raw.output_tokens),
+            cached_tokens: raw
+                .prompt_tokens_details
+                .and_then(|d| d.cached_tokens)
+                .or(raw.cache_read_input_tokens),
         }
     }
 }
 
-/// Reads `usage` from an OpenAI-shaped response object (a whole body or one SSE event's
-/// JSON). Returns `None` when there is no `usage` object.
+impl Usage {
+    /// This usage, each count it lacks taken from `earlier`.
+    pub fn or(self, earlier: Usage) -> Usage {
+        Usage {
+            prompt_tokens: self.prompt_tokens.or(earlier.prompt_tokens),
+            completion_tokens: self.completion_tokens.or(earlier.completion_tokens),
+            cached_tokens: self.cached_tokens.or(earlier.cached_tokens),
+        }
+    }
+}
+
+/// Reads `usage` from a response object (a whole body or one SSE event's JSON): the
+/// top-level `usage` of an OpenAI response, chunk or Anthropic message or `message_delta`,
+/// or the `message.usage` of an Anthropic `message_start`. Returns `None` when there is no
+/// `usage` object.
 pub fn usage_from_json(json: &[u8]) -> Option<Usage> {
     #[derive(Deserialize)]
-    struct Envelope {
+    struct Envelope<'a> {
+        #[serde(default)]
+        usage: Option<Usage>,
+        /// Read only when there is no top-level `usage` (and ignored unless an object).
+        #[serde(default, borrow)]
+        message: Option<&'a RawValue>,
+    }
+    #[derive(Deserialize)]
+    struct Message {
         #[serde(default)]
         usage: Option<Usage>,
     }
-    serde_json::from_slice::<Envelope>(json).ok()?.usage
+    let env = serde_json::from_slice::<Envelope<'_>>(json).ok()?;
+    env.usage.or_else(|| {
+        serde_json::from_str::<Message>(env.message?.get())
+            .ok()?
+            .usage
+    })
 }
 
 #[cfg(test)]
@@ -253,6 +314,16 @@ mod tests {
             (r#"{"id":"x"}"#, None),
             (r#"{"model":null}"#, None),
             ("[DONE]", None),
+            (
+                r#"{"type":"message_start","message":{"id":"x","model":"canon","usage":{}}}"#,
+                Some(r#"{"type":"message_start","message":{"id":"x","model":"alias","usage":{}}}"#),
+            ),
+            (
+                r#"{"model":"canon","message":{"model":"inner"}}"#,
+                Some(r#"{"model":"alias","message":{"model":"inner"}}"#),
+            ),
+            (r#"{"message":"hi"}"#, None),
+            (r#"{"message":{"id":"x"}}"#, None),
         ];
         for (input, want) in cases {
             let got = rewrite_model_json(input.as_bytes(), "alias");
@@ -264,6 +335,25 @@ mod tests {
     fn sse_rewrite_across_chunk_boundaries() {
         let stream = "data: {\"model\":\"canon\",\"x\":1}\n\n: keepalive\n\ndata: {\"model\":\"canon\"}\r\n\r\ndata: [DONE]\n\n";
         let want = stream.replace("\"canon\"", "\"alias\"");
+        for split in 1..stream.len() {
+            let mut rw = SseModelRewriter::new("alias");
+            let mut out = Vec::new();
+            for chunk in stream.as_bytes().chunks(split) {
+                out.extend_from_slice(&rw.push(chunk));
+            }
+            out.extend_from_slice(&rw.finish());
+            assert_eq!(String::from_utf8(out).unwrap(), want, "chunk size {split}");
+        }
+    }
+
+    #[test]
+    fn sse_rewrite_of_an_anthropic_stream() {
+        let stream = concat!(
+            "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"x\",\"model\":\"canon\",\"content\":[]}}\n\n",
+            "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"delta\":{\"type\":\"text_delta\",\"text\":\"canon\"},\"index\":0}\n\n",
+            "event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n",
+        );
+        let want = stream.replacen("\"model\":\"canon\"", "\"model\":\"alias\"", 1);
         for split in 1..stream.len() {
             let mut rw = SseModelRewriter::new("alias");
             let mut out = Vec::new();
@@ -412,6 +502,92 @@ mod tests {
         ];
         for (input, want) in cases {
             assert_eq!(usage_from_json(input.as_bytes()), want, "{input}");
+        }
+    }
+
+    #[test]
+    fn anthropic_usage_reading() {
+        let cases = [
+            (
+                "anthropic message: input_tokens is the uncached part",
+                r#"{"type":"message","usage":{"input_tokens":8,"output_tokens":3,"cache_read_input_tokens":32}}"#,
+                Some(Usage {
+                    prompt_tokens: Some(40),
+                    completion_tokens: Some(3),
+                    cached_tokens: Some(32),
+                }),
+            ),
+            (
+                "anthropic cache writes count toward the prompt, not the hit",
+                r#"{"usage":{"input_tokens":8,"output_tokens":3,"cache_creation_input_tokens":16,"cache_read_input_tokens":0}}"#,
+                Some(Usage {
+                    prompt_tokens: Some(24),
+                    completion_tokens: Some(3),
+                    cached_tokens: Some(0),
+                }),
+            ),
+            (
+                "anthropic without cache fields",
+                r#"{"usage":{"input_tokens":40,"output_tokens":0}}"#,
+                Some(Usage {
+                    prompt_tokens: Some(40),
+                    completion_tokens: Some(0),
+                    cached_tokens: None,
+                }),
+            ),
+            (
+                "anthropic message_start: the usage of its message",
+                r#"{"type":"message_start","message":{"id":"x","content":[],"usage":{"input_tokens":40,"output_tokens":0}}}"#,
+                Some(Usage {
+                    prompt_tokens: Some(40),
+                    completion_tokens: Some(0),
+                    cached_tokens: None,
+                }),
+            ),
+            (
+                "a string message does not hide the usage",
+                r#"{"message":"hi","usage":{"prompt_tokens":1}}"#,
+                Some(Usage {
+                    prompt_tokens: Some(1),
+                    completion_tokens: None,
+                    cached_tokens: None,
+                }),
+            ),
+            ("a string message alone", r#"{"message":"hi"}"#, None),
+        ];
+        for (name, input, want) in cases {
+            assert_eq!(usage_from_json(input.as_bytes()), want, "{name}");
+        }
+    }
+
+    #[test]
+    fn sse_usage_observer_reads_an_anthropic_stream() {
+        // vLLM: the prompt in message_start, the final usage (with the hit) in message_delta.
+        let vllm = concat!(
+            "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"x\",\"content\":[],\"usage\":{\"input_tokens\":40,\"output_tokens\":0}}}\n\n",
+            "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"delta\":{\"type\":\"text_delta\",\"text\":\"usage\"},\"index\":0}\n\n",
+            "event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"max_tokens\"},\"usage\":{\"input_tokens\":8,\"output_tokens\":3,\"cache_read_input_tokens\":32}}\n\n",
+            "event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n",
+        );
+        // Anthropic: the hit in message_start, only output_tokens in message_delta.
+        let anthropic = concat!(
+            "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"x\",\"content\":[],\"usage\":{\"input_tokens\":8,\"cache_read_input_tokens\":32,\"output_tokens\":1}}}\n\n",
+            "event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\"},\"usage\":{\"output_tokens\":3}}\n\n",
+            "event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n",
+        );
+        let want = Usage {
+            prompt_tokens: Some(40),
+            completion_tokens: Some(3),
+            cached_tokens: Some(32),
+        };
+        for (name, stream) in [("vllm", vllm), ("anthropic", anthropic)] {
+            for split in 1..stream.len() {
+                let mut obs = SseUsageObserver::new();
+                for chunk in stream.as_bytes().chunks(split) {
+                    obs.observe(chunk);
+                }
+                assert_eq!(obs.usage(), Some(want), "{name}, chunk size {split}");
+            }
         }
     }
 }

@@ -35,8 +35,8 @@ pub enum EventEncoding {
     Array,
 }
 
-/// A vLLM-faithful engine simulator: OpenAI API, paged prefix cache, KV events over ZMQ,
-/// `/render`, `/metrics`.
+/// A vLLM-faithful engine simulator: OpenAI API, Anthropic `/v1/messages`, paged prefix
+/// cache, KV events over ZMQ, `/render`, `/metrics`.
 #[derive(Debug, Clone, Args)]
 pub struct SimArgs {
     /// Address to listen on.

@@ -1,5 +1,5 @@
 //! A vLLM-faithful engine simulator, run as `kvgate sim`: anything a router can observe of
-//! a vLLM 0.33 server (OpenAI API, prefix-cache hits and evictions, KV events on the wire,
+//! a vLLM 0.33 server (OpenAI and Anthropic APIs, prefix-cache hits and evictions, KV events on the wire,
 //! `/render`, `/metrics`, latency shape) behaves as vLLM's does, so routing results measured
 //! against it carry over. Facts: `vllm-kv-protocol.md` §1, §2, §4–§6.
 //!
@@ -11,7 +11,8 @@
 //!   `--data-parallel-size` engine cores.
 //! - `instance`: one server's shared state (models, LoRAs, engines, faults).
 //! - `api`: HTTP routes and the generation endpoints; `sse`: vLLM's stream chunks;
-//!   `render`: `/render`, `/tokenize`, `/v1/models`; `openai`: wire shapes and errors.
+//!   `render`: `/render`, `/tokenize`, `/v1/models`; `openai`: wire shapes and errors;
+//!   `messages`: Anthropic `/v1/messages` (its shapes, errors and event stream).
 //! - `engine`: the engine-core task (steps, latency model, engine clock, restarts);
 //!   `batch`: what each engine step computes, as vLLM V1's scheduler picks it (FIFO, chunked
 //!   prefill, preemption, LoRA budget).
@@ -31,6 +32,7 @@ mod fleet;
 pub mod hashing;
 mod instance;
 mod kv_manager;
+mod messages;
 mod metrics;
 mod openai;
 mod prompt;

@@ -1,5 +1,8 @@
-//! Tokenization-only endpoints with vLLM's shapes: `/v1/chat/completions/render` (one
-//! `GenerateRequest`), `/v1/completions/render` (a list), `/tokenize`, and `/v1/models`.
+//! Tokenization-only endpoints with vLLM's shapes: `/v1/chat/completions/render` and
+//! `/v1/messages/render` (one `GenerateRequest`; a messages body is converted as
+//! `/v1/messages` converts it, so both render what the engine would cache; errors in the
+//! OpenAI shape, as vLLM's render router answers), `/v1/completions/render` (a list),
+//! `/tokenize`, and `/v1/models`.
 
 use std::sync::Arc;
 
@@ -75,11 +78,14 @@ fn generate_request(
 }
 
 async fn render(inst: Arc<Instance>, api: Api, body: Bytes) -> Result<Response, ApiError> {
-    let params = GenParams::parse(&body)?;
+    let params = match api {
+        Api::Messages => crate::messages::params(&body)?,
+        _ => GenParams::parse(&body)?,
+    };
     inst.resolve_model(params.model.as_deref())?;
     let prompts = tokenize_body(&inst, api, body).await?;
     let id = format!("{:032x}", rand::random::<u128>());
-    if api == Api::ChatCompletions {
+    if matches!(api, Api::ChatCompletions | Api::Messages) {
         let tokens = prompts.into_iter().next().unwrap_or_default();
         let v = generate_request(&inst, &params, format!("chatcmpl-{id}"), tokens)?;
         return Ok(axum::Json(v).into_response());
@@ -102,6 +108,12 @@ async fn render(inst: Arc<Instance>, api: Api, body: Bytes) -> Result<Response, 
 
 pub(crate) async fn chat_render(State(inst): State<Arc<Instance>>, body: Bytes) -> Response {
     render(inst, Api::ChatCompletions, body)
+        .await
+        .unwrap_or_else(IntoResponse::into_response)
+}
+
+pub(crate) async fn messages_render(State(inst): State<Arc<Instance>>, body: Bytes) -> Response {
+    render(inst, Api::Messages, body)
         .await
         .unwrap_or_else(IntoResponse::into_response)
 }

@@ -35,7 +35,8 @@ enum Command {
     Epp(epp::EppArgs),
     /// Show precise routing against round-robin on a local simulated fleet.
     Demo(demo::DemoArgs),
-    /// Run simulated vLLM engines (OpenAI API, prefix cache, KV events, /render, /metrics).
+    /// Run simulated vLLM engines (OpenAI API, Anthropic /v1/messages, prefix cache, KV events,
+    /// /render, /metrics).
     Sim(kvgate_sim::SimArgs),
     /// Load-test any OpenAI-compatible URL; compare targets side by side.
     Bench(kvgate_bench::cli::BenchArgs),

@@ -19,53 +19,6 @@ mod common;
 
 use common::*;
 
-/// One engine of a `kvgate sim` fleet.
-struct Engine {
-    http: SocketAddr,
-    events: String,
-}
-
-/// `kvgate sim` with `n` engines on free loopback ports (block size 16, no replay).
-fn sim(n: usize) -> (Kvgate, Vec<Engine>) {
-    let args: Vec<String> = [
-        "sim",
-        "--port",
-        "0",
-        "--instances",
-        &n.to_string(),
-        "--kv-events-endpoint",
-        "tcp://127.0.0.1:0",
-        "--prefill-base-ms",
-        "1",
-        "--itl-ms",
-        "0.2",
-        "--model",
-        MODEL,
-    ]
-    .iter()
-    .map(ToString::to_string)
-    .collect();
-    let sim = Kvgate::start(&args);
-    let mut engines = Vec::new();
-    sim.lines_until(|line| {
-        if message(line) == "kvgate sim listening" {
-            let f = if line["fields"].is_object() {
-                &line["fields"]
-            } else {
-                line
-            };
-            let http = f["http"].as_str().unwrap().parse().unwrap();
-            let events: Vec<String> = serde_json::from_str(f["events"].as_str().unwrap()).unwrap();
-            engines.push(Engine {
-                http,
-                events: events[0].clone(),
-            });
-        }
-        engines.len() == n
-    });
-    (sim, engines)
-}
-
 /// Counts the requests that pass through it, by path; forwards bytes both ways.
 struct Spy {
     addr: SocketAddr,
@@ -148,38 +101,6 @@ fn count_and_copy(mut from: TcpStream, mut to: TcpStream, counts: &Mutex<HashMap
     let _ = to.shutdown(std::net::Shutdown::Write);
 }
 
-/// `kvgate serve` with `flags` after the loopback listeners, the scores header and
-/// `x-kvgate-endpoint`; returns it, its log lines up to "kvgate serving" and the proxy and
-/// admin addresses.
-fn serve(flags: &[String]) -> (Kvgate, Vec<Value>, SocketAddr, SocketAddr) {
-    let mut args: Vec<String> = [
-        "serve",
-        "--listen",
-        "127.0.0.1:0",
-        "--admin-listen",
-        "127.0.0.1:0",
-        "--scores-header",
-        "--expose-internals",
-        "--models-refresh",
-        "1s",
-    ]
-    .iter()
-    .map(ToString::to_string)
-    .collect();
-    args.extend(flags.iter().cloned());
-    let router = Kvgate::start(&args);
-    let lines = router.lines_until(|l| message(l) == "kvgate serving");
-    let served = lines.last().unwrap();
-    let f = if served["fields"].is_object() {
-        &served["fields"]
-    } else {
-        served
-    };
-    let listen = f["listen"].as_str().unwrap().parse().unwrap();
-    let admin = f["admin"].as_str().unwrap().parse().unwrap();
-    (router, lines, listen, admin)
-}
-
 /// One follow-up turn: which engine served it, predicted and realized cached tokens.
 struct Turn {
     endpoint: String,
@@ -223,29 +144,6 @@ fn converse(proxy: SocketAddr, conversations: usize, turns: usize) -> Vec<(Strin
         out.push((first, follow_ups));
     }
     out
-}
-
-/// A system prompt of about `words` words, distinct per `seed`.
-fn system_prompt(seed: usize, words: usize) -> String {
-    const WORDS: [&str; 12] = [
-        "cache", "router", "engine", "prefix", "token", "block", "replica", "event", "latency",
-        "queue", "model", "batch",
-    ];
-    (0..words)
-        .map(|i| WORDS[(i * 7 + seed * 13 + i / 5) % WORDS.len()])
-        .collect::<Vec<_>>()
-        .join(" ")
-        + &format!(" (conversation {seed})")
-}
-
-/// The chain line of `MODEL` among `lines`.
-fn chain_line(lines: &[Value]) -> String {
-    lines
-        .iter()
-        .map(message)
-        .find(|m| m.starts_with(&format!("model {MODEL}: tokenizer chain ")))
-        .unwrap_or_else(|| panic!("no chain line for {MODEL}: {lines:#?}"))
-        .to_owned()
 }
 
 /// Follow-ups served by their conversation's first engine, and those whose predicted cached

@@ -19,6 +19,7 @@ use tokio::sync::OnceCell;
 use zeromq::{DealerSocket, Socket, SocketRecv, SocketSend, SubSocket, ZmqMessage};
 
 mod events;
+mod messages;
 mod surface;
 
 static PROMPTS: OnceCell<Arc<LocalPrompts>> = OnceCell::const_new();
