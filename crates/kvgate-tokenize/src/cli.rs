@@ -238,7 +238,8 @@ mod tests {
             ),
         ];
         // vLLM's ids for one user turn "hi" (the render server's smoke test).
-        let want = r#"{"token_ids":[151644,872,198,6023,151645,198,151644,77091,198],"backend":"local"}"#;
+        let want =
+            r#"{"token_ids":[151644,872,198,6023,151645,198,151644,77091,198],"backend":"local"}"#;
         for (api, body) in cases {
             let args = TokenizeArgs {
                 tokenizer: crate::test_util::qwen3_dir(),
@@ -246,7 +247,11 @@ mod tests {
             };
             let mut out = Vec::new();
             run_tokenize(&args, &mut body.as_bytes(), &mut out).unwrap();
-            assert_eq!(String::from_utf8(out).unwrap().trim_end(), want, "{api:?} {body}");
+            assert_eq!(
+                String::from_utf8(out).unwrap().trim_end(),
+                want,
+                "{api:?} {body}"
+            );
         }
     }
 

@@ -44,7 +44,7 @@ fn req_str<'a>(obj: &'a Map<String, Value>, key: &str, what: &str) -> Result<&'a
 }
 
 /// An optional item `status`, checked against the values the SDK types accept.
-fn status<'a>(obj: &'a Map<String, Value>) -> Result<Option<&'a str>, Rejection> {
+fn status(obj: &Map<String, Value>) -> Result<Option<&str>, Rejection> {
     match opt_str(obj, "status")? {
         Some(s @ ("in_progress" | "completed" | "incomplete")) => Ok(Some(s)),
         Some(other) => Err(invalid(format!("item status {other:?}"))),
@@ -58,7 +58,11 @@ fn input_content(content: Option<&Value>, what: &str) -> Result<Value, Rejection
     let parts = match content {
         Some(Value::String(s)) => return Ok(Value::String(s.clone())),
         Some(Value::Array(parts)) => parts,
-        _ => return Err(invalid(format!("{what} content is neither a string nor a list"))),
+        _ => {
+            return Err(invalid(format!(
+                "{what} content is neither a string nor a list"
+            )));
+        }
     };
     let mut out = Vec::with_capacity(parts.len());
     for part in parts {
@@ -265,7 +269,10 @@ fn convert_tool(tool: &Value) -> Result<Value, Rejection> {
         None => return Err(invalid("tool without type")),
     }
     let mut func = Map::new();
-    func.insert("name".into(), Value::String(req_str(t, "name", "tool")?.into()));
+    func.insert(
+        "name".into(),
+        Value::String(req_str(t, "name", "tool")?.into()),
+    );
     for key in ["description", "parameters", "strict", "defer_loading"] {
         if let Some(v) = t.get(key) {
             func.insert(key.into(), v.clone());
@@ -303,7 +310,10 @@ fn check_tool_choice(choice: Option<&Value>, tools: &[Value]) -> Result<(), Reje
 /// Builds the chat-completions body vLLM renders for a Responses body.
 pub(crate) fn to_chat_body(body: &Value) -> Result<Value, Rejection> {
     let obj = object(body, "body")?;
-    if obj.get("previous_response_id").is_some_and(|v| !v.is_null()) {
+    if obj
+        .get("previous_response_id")
+        .is_some_and(|v| !v.is_null())
+    {
         return Err(Rejection::PreviousResponse);
     }
     for key in ["previous_input_messages", "prompt"] {

@@ -166,7 +166,11 @@ fn refusals_table() {
             json!({"input": [{"type": "function_call", "call_id": "c", "name": "f", "arguments": {"a": 1}}]}),
             invalid("arguments is not a string"),
         ),
-        ("no input", json!({}), invalid("input is neither a string nor a list")),
+        (
+            "no input",
+            json!({}),
+            invalid("input is neither a string nor a list"),
+        ),
         (
             "required without tools",
             json!({"input": "x", "tool_choice": "required"}),
@@ -177,7 +181,11 @@ fn refusals_table() {
             json!({"input": "x", "reasoning": {"effort": "max"}}),
             invalid("reasoning effort \"max\""),
         ),
-        ("not an object", json!([1]), invalid("body is not an object")),
+        (
+            "not an object",
+            json!([1]),
+            invalid("body is not an object"),
+        ),
     ];
     for (name, body, want) in cases {
         assert_eq!(to_chat_body(&body), Err(want), "{name}");
