@@ -359,6 +359,41 @@ def build_responses_cases():
         '"input":[{"role":"user","content":"Wetter?"},{"type":"function_call","call_id":"c","name":"get_weather",'
         '"arguments":"{\\"city\\": \\"M\\\\u00fcnchen\\", \\"n\\": 1e2}"},'
         '{"type":"function_call_output","call_id":"c","output":"sunny"}]}')
+    resp("namespace_call", {"tools": [RESPONSES_WEATHER_TOOL], "input": [
+        {"role": "user", "content": "q"},
+        {"type": "function_call", "call_id": "c", "name": "get_weather", "namespace": "wx", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c", "output": "ok"}]})
+    resp("call_then_output_text", {"tools": [RESPONSES_WEATHER_TOOL], "input": [
+        {"role": "user", "content": "q"},
+        {"type": "function_call", "call_id": "c", "name": "get_weather", "arguments": "{}", "status": "in_progress"},
+        item("assistant", out_text("after the call"))]})
+    resp("call_last_in_progress", {"tools": [RESPONSES_WEATHER_TOOL], "input": [
+        {"role": "user", "content": "q"},
+        {"type": "function_call", "call_id": "c", "name": "get_weather", "arguments": "{}", "status": "in_progress"}]})
+    resp("call_args_invalid_and_big_int", {"tools": [RESPONSES_WEATHER_TOOL], "input": [
+        {"role": "user", "content": "q"},
+        {"type": "function_call", "call_id": "a", "name": "get_weather", "arguments": "{city"},
+        {"type": "function_call", "call_id": "b", "name": "get_weather", "arguments": "{\"n\": 18446744073709551616}"},
+        {"type": "function_call_output", "call_id": "a", "output": ""},
+        {"type": "function_call_output", "call_id": "b", "output": [{"type": "input_text", "text": ""},
+                                                                    {"type": "input_text", "text": "b"}]}]})
+    resp("reasoning_last_incomplete", {"input": [
+        {"role": "user", "content": "q"},
+        {"type": "reasoning", "summary": [], "content": [{"type": "reasoning_text", "text": "hmm"}], "status": "incomplete"}]})
+    resp("reasoning_empty_and_after_text", {"input": [
+        {"role": "user", "content": "q"}, {"type": "reasoning", "summary": []}, {"role": "assistant", "content": "a"},
+        {"role": "user", "content": "q2"}, {"role": "assistant", "content": "t"},
+        {"type": "reasoning", "summary": [{"type": "summary_text", "text": "r"}]}, {"role": "user", "content": "q3"}]})
+    resp("two_assistant_texts", {"input": [
+        {"role": "user", "content": "q"}, {"role": "assistant", "content": "a1"},
+        item("assistant", "a2"), {"role": "user", "content": "q2"}]})
+    resp("tools_without_parameters_named_choice", {"input": "x", "tool_choice": {"type": "function", "name": "ping"},
+                                                   "tools": [{"type": "function", "name": "ping"},
+                                                             {"type": "function", "name": "d", "description": "only desc"}]})
+    resp("billing_header_instructions", {"instructions": "x-anthropic-billing-header: cc=1\nYou are X.",
+                                         "input": [item("developer", [{"type": "input_text", "text": "d1"},
+                                                                      {"type": "input_text", "text": "d2"}]),
+                                                   {"role": "user", "content": "u", "name": "alice"}]})
     resp("long_8k", {"instructions": "Summarize.", "input": long_text(8, 6200)})
     resp("long_items", {"input": [{"role": "user", "content": long_text(3, 2400)},
                                   {"role": "assistant", "content": long_text(4, 1200)},
