@@ -244,7 +244,12 @@ fn continues_final(items: &[Value]) -> Result<bool, Rejection> {
     let Some(last) = items.last().and_then(Value::as_object) else {
         return Ok(false);
     };
-    let partial = status(last)?.is_some_and(|s| PARTIAL.contains(&s));
+    // Reasoning items and assistant output messages had their status checked on conversion;
+    // other items are not validated here (vLLM keeps or ignores their status).
+    let partial = last
+        .get("status")
+        .and_then(Value::as_str)
+        .is_some_and(|s| PARTIAL.contains(&s));
     if !partial {
         return Ok(false);
     }

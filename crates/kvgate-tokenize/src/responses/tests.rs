@@ -89,6 +89,11 @@ fn conversion_table() {
             json!({"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "1."}], "add_generation_prompt": false, "continue_final_message": true}),
         ),
         (
+            "a status on a last tool output does not continue",
+            json!({"input": [{"type": "function_call_output", "call_id": "c", "output": "x", "status": "whatever"}]}),
+            answered(json!([{"role": "tool", "content": "x", "tool_call_id": "c"}])),
+        ),
+        (
             "function tools, effort and template kwargs",
             json!({"input": "x", "tools": [{"type": "function", "name": "f", "parameters": {"type": "object"}, "extra": 1}],
                    "reasoning": {"effort": "low"}, "chat_template_kwargs": {"enable_thinking": false}}),
@@ -152,6 +157,11 @@ fn refusals_table() {
             unsupported("partial input message"),
         ),
         (
+            "partial plain assistant message",
+            json!({"input": [{"role": "assistant", "content": "1.", "status": "in_progress"}]}),
+            unsupported("partial input message"),
+        ),
+        (
             "encrypted reasoning",
             json!({"input": [{"type": "reasoning", "summary": [], "encrypted_content": "gAAA"}]}),
             invalid("encrypted reasoning content"),
@@ -212,4 +222,85 @@ fn media_detection() {
     for (body, want) in cases {
         assert_eq!(has_media(&body), want, "{body}");
     }
+}
+
+/// Counts the nodes of `v` (itself included).
+fn nodes(v: &Value) -> usize {
+    1 + match v {
+        Value::Array(a) => a.iter().map(nodes).sum(),
+        Value::Object(o) => o.values().map(nodes).sum(),
+        _ => 0,
+    }
+}
+
+/// Replaces the `n`th node of `v` (pre-order) with `with`; returns how many nodes it passed.
+fn replace_nth(v: &mut Value, n: usize, with: &Value) -> usize {
+    if n == 0 {
+        *v = with.clone();
+        return usize::MAX;
+    }
+    let mut seen = 1;
+    let children: Vec<&mut Value> = match v {
+        Value::Array(a) => a.iter_mut().collect(),
+        Value::Object(o) => o.values_mut().collect(),
+        _ => return 1,
+    };
+    for child in children {
+        let used = replace_nth(child, n - seen, with);
+        if used == usize::MAX {
+            return usize::MAX;
+        }
+        seen += used;
+    }
+    seen
+}
+
+/// Every parity body with one node swapped for a value of another shape: the converter and
+/// the template either render or refuse with a reason, never panic, and a body the converter
+/// accepts is one the local backend renders or refuses with a reason too.
+#[test]
+fn mutated_parity_bodies_never_panic() {
+    let tok = crate::test_util::qwen3();
+    let dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../testdata/parity/responses");
+    let files = crate::parity::collect_files(&[dir]).unwrap();
+    assert!(files.len() >= 20, "{files:?}");
+    let swaps = [
+        Value::Null,
+        json!(0),
+        json!(1.5),
+        json!(18446744073709551616_f64),
+        json!(""),
+        json!("in_progress"),
+        json!(true),
+        json!([]),
+        json!({}),
+        json!([{"type": "input_text"}]),
+        json!({"type": "message", "role": "assistant", "content": []}),
+        json!({"type": "reasoning"}),
+    ];
+    let mut rng = crate::test_util::Rng(13);
+    let mut rendered = 0;
+    for path in files {
+        let case = crate::parity::load_case(&path).unwrap();
+        if case.body.len() > 4096 {
+            continue;
+        }
+        let body: Value = serde_json::from_str(&case.body).unwrap();
+        for _ in 0..30 {
+            let mut mutated = body.clone();
+            let n = rng.below(nodes(&mutated));
+            let with = &swaps[rng.below(swaps.len())];
+            replace_nth(&mut mutated, n, with);
+            let text = serde_json::to_vec(&mutated).unwrap();
+            let converted = to_chat_body(&mutated);
+            let prompt = tok.render_prompt(kvgate_request::Api::Responses, &text);
+            if converted.is_err() {
+                assert!(prompt.is_err(), "{}: {mutated}", case.name);
+            }
+            rendered += usize::from(prompt.is_ok());
+        }
+    }
+    // Most single swaps leave a request that still renders.
+    assert!(rendered > 100, "{rendered}");
 }
