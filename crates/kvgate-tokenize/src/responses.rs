@@ -13,8 +13,10 @@
 //!
 //! A request that continues a stored response (`previous_response_id`) is refused with
 //! [`Rejection::PreviousResponse`]: its history lives on the engine. Item and tool types this
-//! module does not model are refused as [`Rejection::Unsupported`], media as
-//! [`Rejection::Media`], shapes vLLM rejects as [`Rejection::Invalid`].
+//! module does not model (item references, custom and hosted tools, refusals, annotations,
+//! `input_file`), a `truncation` other than `disabled` (vLLM may then cut the prompt),
+//! `prompt` and `previous_input_messages` are refused as [`Rejection::Unsupported`], images
+//! and audio as [`Rejection::Media`], shapes vLLM rejects as [`Rejection::Invalid`].
 
 use serde_json::{Map, Value, json};
 
