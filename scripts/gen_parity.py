@@ -2,14 +2,14 @@
 """Generate the token-parity corpus under testdata/parity/ from a REAL vLLM render server.
 
 Each case is a request body kept as exact text (the bytes sent). The script POSTs those
-bytes unchanged to {URL}/v1/chat/completions/render, /v1/completions/render or
-/v1/messages/render and writes one file per case:
+bytes unchanged to {URL}/v1/chat/completions/render, /v1/completions/render,
+/v1/messages/render or /v1/responses/render and writes one file per case:
 
     testdata/parity/<api>/<name>.json
-    {"api": "chat_completions" | "completions" | "messages",
+    {"api": "chat_completions" | "completions" | "messages" | "responses",
      "name": "<name>",
      "body": "<request body text, byte for byte what was sent>",
-     "token_ids": [[...], ...]}        # one list per prompt (exactly one for chat/messages)
+     "token_ids": [[...], ...]}        # one list per prompt (one for chat/messages/responses)
 
 Usage (server from ../shared/tools/vllm-render/serve.sh, served model name "qwen3"):
     python3 scripts/gen_parity.py [--url http://127.0.0.1:8765] [--out testdata/parity]
@@ -28,6 +28,7 @@ PATHS = {
     "chat_completions": "/v1/chat/completions/render",
     "completions": "/v1/completions/render",
     "messages": "/v1/messages/render",
+    "responses": "/v1/responses/render",
 }
 
 CASES = []  # (api, name, body_text)
@@ -271,6 +272,138 @@ def build_messages_cases():
                                                {"role": "user", "content": "b"}]})
 
 
+RESPONSES_WEATHER_TOOL = {
+    "type": "function",
+    "name": "get_weather",
+    "description": "Get the current weather for a city",
+    "parameters": WEATHER_TOOL["function"]["parameters"],
+}
+
+
+def build_responses_cases():
+    def resp(name, body, **kw):
+        obj("responses", name, body, **kw)
+
+    def item(role, content, **extra):
+        return {"type": "message", "role": role, "content": content, **extra}
+
+    def out_text(text):
+        return [{"type": "output_text", "text": text, "annotations": []}]
+
+    resp("plain_string", {"input": "Hello there"})
+    resp("instructions", {"instructions": "You are a terse assistant.", "input": "Name three primes."})
+    resp("empty_instructions", {"instructions": "", "input": "hi"})
+    resp("multi_turn_items", {"input": [
+        {"role": "user", "content": "Hello!"},
+        {"role": "assistant", "content": "Hi. What do you need?"},
+        {"role": "user", "content": "A haiku about caches."}]})
+    resp("input_text_parts", {"input": [item("user", [
+        {"type": "input_text", "text": "Hello"}, {"type": "input_text", "text": "world"}])]})
+    resp("output_text_assistant", {"instructions": "Be brief.", "input": [
+        item("user", [{"type": "input_text", "text": "Write a haiku about queues."}]),
+        item("assistant", out_text("Lines wait in the cold\nfirst in, first out, patient rows\nthe head moves at last"),
+             id="msg_1", status="completed"),
+        item("user", [{"type": "input_text", "text": "Another one, about caches."}])]})
+    resp("output_text_first_part_only", {"input": [
+        {"role": "user", "content": "q"},
+        item("assistant", out_text("first part") + out_text("second part")),
+        {"role": "user", "content": "again"}]})
+    resp("system_and_developer_items", {"input": [
+        {"role": "system", "content": "System rules."},
+        {"role": "developer", "content": "Developer rules."},
+        {"role": "user", "content": "hi"}]})
+    resp("function_tools", {"input": "Weather in Paris?", "tools": [RESPONSES_WEATHER_TOOL]})
+    resp("function_call_and_output", {"tools": [RESPONSES_WEATHER_TOOL], "input": [
+        {"role": "user", "content": "Weather in Paris?"},
+        {"type": "function_call", "call_id": "call_1", "name": "get_weather",
+         "arguments": "{\"city\":\"Paris\",\"unit\":\"celsius\"}", "id": "fc_1", "status": "completed"},
+        {"type": "function_call_output", "call_id": "call_1", "output": "{\"temp\": 18, \"sky\": \"clear\"}"}]})
+    resp("parallel_calls_then_answer", {"tools": [RESPONSES_WEATHER_TOOL], "input": [
+        {"role": "user", "content": "Weather in Paris and Rome?"},
+        item("assistant", out_text("Let me check both.")),
+        {"type": "function_call", "call_id": "p", "name": "get_weather", "arguments": "{\"city\": \"Paris\"}"},
+        {"type": "function_call", "call_id": "r", "name": "get_weather", "arguments": "{\"city\": \"Rome\"}"},
+        {"type": "function_call_output", "call_id": "p", "output": "18C"},
+        {"type": "function_call_output", "call_id": "r", "output": [{"type": "input_text", "text": "24C"},
+                                                                    {"type": "input_text", "text": "sunny"}]},
+        {"role": "assistant", "content": "Paris 18C, Rome 24C."},
+        {"role": "user", "content": "Thanks"}]})
+    resp("reasoning_item_and_call", {"tools": [RESPONSES_WEATHER_TOOL], "input": [
+        {"role": "user", "content": "Weather in Oslo?"},
+        {"type": "reasoning", "summary": [{"type": "summary_text", "text": "short"}],
+         "content": [{"type": "reasoning_text", "text": "Need the tool."}]},
+        {"type": "function_call", "call_id": "o", "name": "get_weather", "arguments": "{\"city\":\"Oslo\"}"},
+        {"type": "function_call_output", "call_id": "o", "output": "-2C"}]})
+    resp("reasoning_summary_only", {"input": [
+        {"role": "user", "content": "q1"},
+        {"type": "reasoning", "summary": [{"type": "summary_text", "text": "thinking 1"}]},
+        item("assistant", out_text("a1")),
+        {"role": "user", "content": "q2"}]})
+    resp("tools_strict_no_description", {"input": "go", "tools": [
+        {"type": "function", "name": "go", "strict": True, "x_extra": 1,
+         "parameters": {"type": "object", "properties": {}, "additionalProperties": False}},
+        {"type": "function", "name": "stop", "parameters": None}]})
+    resp("tool_choice_none", {"input": "Weather?", "tools": [RESPONSES_WEATHER_TOOL], "tool_choice": "none"})
+    resp("reasoning_effort_none", {"input": "2+3?", "reasoning": {"effort": "none"}})
+    resp("reasoning_effort_low", {"input": "2+5?", "reasoning": {"effort": "low"}})
+    resp("enable_thinking_false", {"input": "2+2?", "chat_template_kwargs": {"enable_thinking": False}})
+    resp("continue_incomplete_assistant", {"input": [
+        {"role": "user", "content": "Write a list"},
+        item("assistant", out_text("1. apples\n2."), status="incomplete")]})
+    resp("emoji_cjk", {"input": "こんにちは世界 😀🇯🇵👩‍👩‍👧 中文测试 한국어 Ελληνικά עברית",
+                       "instructions": "Réponds en français, s'il te plaît."})
+    raw("responses", "body_escapes", '{"model":"qwen3","input":"caf\\u00e9 \\/ \\t tab \\u2028 sep \\ud83d\\ude00",'
+        '"instructions":"M\\u00fcnchen \\"quoted\\""}')
+    raw("responses", "tool_call_args_unicode_escape", '{"model":"qwen3","tools":[{"type":"function","name":"get_weather",'
+        '"parameters":{"type":"object","properties":{"city":{"type":"string","description":"D\\u00fcsseldorf"}}}}],'
+        '"input":[{"role":"user","content":"Wetter?"},{"type":"function_call","call_id":"c","name":"get_weather",'
+        '"arguments":"{\\"city\\": \\"M\\\\u00fcnchen\\", \\"n\\": 1e2}"},'
+        '{"type":"function_call_output","call_id":"c","output":"sunny"}]}')
+    resp("namespace_call", {"tools": [RESPONSES_WEATHER_TOOL], "input": [
+        {"role": "user", "content": "q"},
+        {"type": "function_call", "call_id": "c", "name": "get_weather", "namespace": "wx", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c", "output": "ok"}]})
+    resp("call_then_output_text", {"tools": [RESPONSES_WEATHER_TOOL], "input": [
+        {"role": "user", "content": "q"},
+        {"type": "function_call", "call_id": "c", "name": "get_weather", "arguments": "{}", "status": "in_progress"},
+        item("assistant", out_text("after the call"))]})
+    resp("call_last_in_progress", {"tools": [RESPONSES_WEATHER_TOOL], "input": [
+        {"role": "user", "content": "q"},
+        {"type": "function_call", "call_id": "c", "name": "get_weather", "arguments": "{}", "status": "in_progress"}]})
+    resp("call_args_invalid_and_big_int", {"tools": [RESPONSES_WEATHER_TOOL], "input": [
+        {"role": "user", "content": "q"},
+        {"type": "function_call", "call_id": "a", "name": "get_weather", "arguments": "{city"},
+        {"type": "function_call", "call_id": "b", "name": "get_weather", "arguments": "{\"n\": 18446744073709551616}"},
+        {"type": "function_call_output", "call_id": "a", "output": ""},
+        {"type": "function_call_output", "call_id": "b", "output": [{"type": "input_text", "text": ""},
+                                                                    {"type": "input_text", "text": "b"}]}]})
+    resp("reasoning_last_incomplete", {"input": [
+        {"role": "user", "content": "q"},
+        {"type": "reasoning", "summary": [], "content": [{"type": "reasoning_text", "text": "hmm"}], "status": "incomplete"}]})
+    resp("reasoning_empty_and_after_text", {"input": [
+        {"role": "user", "content": "q"}, {"type": "reasoning", "summary": []}, {"role": "assistant", "content": "a"},
+        {"role": "user", "content": "q2"}, {"role": "assistant", "content": "t"},
+        {"type": "reasoning", "summary": [{"type": "summary_text", "text": "r"}]}, {"role": "user", "content": "q3"}]})
+    resp("two_assistant_texts", {"input": [
+        {"role": "user", "content": "q"}, {"role": "assistant", "content": "a1"},
+        item("assistant", "a2"), {"role": "user", "content": "q2"}]})
+    resp("tools_without_parameters_named_choice", {"input": "x", "tool_choice": {"type": "function", "name": "ping"},
+                                                   "tools": [{"type": "function", "name": "ping"},
+                                                             {"type": "function", "name": "d", "description": "only desc"}]})
+    resp("billing_header_instructions", {"instructions": "x-anthropic-billing-header: cc=1\nYou are X.",
+                                         "input": [item("developer", [{"type": "input_text", "text": "d1"},
+                                                                      {"type": "input_text", "text": "d2"}]),
+                                                   {"role": "user", "content": "u", "name": "alice"}]})
+    resp("long_8k", {"instructions": "Summarize.", "input": long_text(8, 6200)})
+    resp("long_items", {"input": [{"role": "user", "content": long_text(3, 2400)},
+                                  {"role": "assistant", "content": long_text(4, 1200)},
+                                  {"role": "user", "content": "Shorter, please."}]})
+    resp("sampling_fields_ignored", {"input": "hi", "temperature": 0.7, "top_p": 0.9, "max_output_tokens": 64,
+                                     "stream": True, "store": False, "metadata": {"k": "v"}})
+    resp("indent_pretty_body", {"input": [{"role": "user", "content": "pretty printed request"}],
+                                "tools": [RESPONSES_WEATHER_TOOL]}, indent=2)
+
+
 def post(url, body):
     req = urllib.request.Request(url, data=body, headers={"content-type": "application/json"}, method="POST")
     with urllib.request.urlopen(req, timeout=60) as r:
@@ -285,6 +418,7 @@ def main():
     build_chat_cases()
     build_completion_cases()
     build_messages_cases()
+    build_responses_cases()
     names = set()
     for api, name, text in CASES:
         assert (api, name) not in names, f"duplicate case {api}/{name}"

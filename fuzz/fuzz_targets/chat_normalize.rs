@@ -1,6 +1,7 @@
 //! Chat normalization (`kvgate-tokenize`): a request body through vLLM's chat-request
-//! normalization (chat completions, or Anthropic messages converted to chat), the Qwen3 chat
-//! template and, for some inputs, the tokenizer, via the public `LocalTokenizer` API.
+//! normalization (chat completions, or Anthropic messages or OpenAI Responses converted to
+//! chat), the Qwen3 chat template and, for some inputs, the tokenizer, via the public
+//! `LocalTokenizer` API.
 //!
 //! Input: byte 0 picks the API (bits 0-1) and whether to tokenize too (bit 2); the rest is
 //! the body. Any body: a prompt or a `BackendError`, never a panic; a body that tokenizes
@@ -29,7 +30,7 @@ const APIS: [Api; 4] = [
     Api::ChatCompletions,
     Api::Messages,
     Api::Completions,
-    Api::ChatCompletions,
+    Api::Responses,
 ];
 
 fuzz_target!(|data: &[u8]| {

@@ -30,6 +30,7 @@ pub(crate) fn router(inst: Arc<Instance>) -> Router {
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
         .route("/v1/messages", post(crate::messages::messages))
+        .route("/v1/responses", post(responses))
         .route("/v1/chat/completions/render", post(render::chat_render))
         .route("/v1/completions/render", post(render::completions_render))
         .route("/v1/messages/render", post(render::messages_render))
@@ -49,6 +50,12 @@ async fn chat(State(inst): State<Arc<Instance>>, body: Bytes) -> Response {
 
 async fn completions(State(inst): State<Arc<Instance>>, body: Bytes) -> Response {
     generate(inst, Api::Completions, body)
+        .await
+        .unwrap_or_else(IntoResponse::into_response)
+}
+
+async fn responses(State(inst): State<Arc<Instance>>, body: Bytes) -> Response {
+    generate(inst, Api::Responses, body)
         .await
         .unwrap_or_else(IntoResponse::into_response)
 }
@@ -113,7 +120,14 @@ pub(crate) fn output_budget(
 }
 
 async fn generate(inst: Arc<Instance>, api: Api, body: Bytes) -> Result<Response, ApiError> {
-    let params = GenParams::parse(&body)?;
+    let mut params = GenParams::parse(&body)?;
+    if api == Api::Responses {
+        if params.is_stream() {
+            let msg = "the simulator does not stream /v1/responses";
+            return Err(ApiError::bad_request(msg.into(), Some("stream")));
+        }
+        (params.max_tokens, params.max_completion_tokens) = (params.max_output_tokens, None);
+    }
     let lora = inst.resolve_model(params.model.as_deref())?;
     let prompts = tokenize(&inst, api, body).await?;
     let mut budgets = Vec::with_capacity(prompts.len());
@@ -141,6 +155,7 @@ async fn generate(inst: Arc<Instance>, api: Api, body: Bytes) -> Result<Response
     }
     let family = match api {
         Api::ChatCompletions => Family::Chat,
+        Api::Responses => Family::Responses,
         _ => Family::Completion,
     };
     let ids = ResponseIds::new(family, inst.response_model(params.model.as_deref()));

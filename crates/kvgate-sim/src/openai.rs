@@ -7,7 +7,7 @@ use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use crate::engine::FinishInfo;
+use crate::engine::{FinishInfo, FinishReason};
 
 /// The sampling/request fields the simulator honours (others are accepted and ignored, as
 /// vLLM ignores unknown fields).
@@ -18,6 +18,8 @@ pub(crate) struct GenParams {
     pub(crate) stream_options: Option<StreamOptions>,
     pub(crate) max_tokens: Option<u64>,
     pub(crate) max_completion_tokens: Option<u64>,
+    /// The Responses API's output limit (`/v1/responses` reads only this one).
+    pub(crate) max_output_tokens: Option<u64>,
     pub(crate) seed: Option<i64>,
     pub(crate) n: Option<u32>,
     pub(crate) cache_salt: Option<String>,
@@ -162,6 +164,8 @@ pub(crate) fn total_usage(infos: &[FinishInfo]) -> Value {
 pub(crate) enum Family {
     Chat,
     Completion,
+    /// `/v1/responses`, non-streaming only.
+    Responses,
 }
 
 /// Identity fields shared by every chunk of one response.
@@ -176,11 +180,12 @@ pub(crate) struct ResponseIds {
 impl ResponseIds {
     pub(crate) fn new(family: Family, model: String) -> ResponseIds {
         let prefix = match family {
-            Family::Chat => "chatcmpl",
-            Family::Completion => "cmpl",
+            Family::Chat => "chatcmpl-",
+            Family::Completion => "cmpl-",
+            Family::Responses => "resp_",
         };
         ResponseIds {
-            id: format!("{prefix}-{:032x}", rand::random::<u128>()),
+            id: format!("{prefix}{:032x}", rand::random::<u128>()),
             created: crate::metrics::unix_now() as u64,
             model,
             family,
@@ -192,11 +197,15 @@ impl ResponseIds {
             (Family::Chat, false) => "chat.completion",
             (Family::Chat, true) => "chat.completion.chunk",
             (Family::Completion, _) => "text_completion",
+            (Family::Responses, _) => "response",
         }
     }
 
     /// The non-streaming response.
     pub(crate) fn full(&self, texts: &[String], infos: &[FinishInfo]) -> Value {
+        if self.family == Family::Responses {
+            return self.response(texts, infos);
+        }
         let choices: Vec<Value> = texts
             .iter()
             .zip(infos)
@@ -211,7 +220,7 @@ impl ResponseIds {
                     "stop_reason": null,
                     "token_ids": null,
                 }),
-                Family::Completion => json!({
+                Family::Completion | Family::Responses => json!({
                     "index": i,
                     "text": text,
                     "logprobs": null,
@@ -263,7 +272,7 @@ impl ResponseIds {
                 };
                 json!({"index": index, "delta": delta, "logprobs": null, "finish_reason": finish})
             }
-            Family::Completion => {
+            Family::Completion | Family::Responses => {
                 json!({"index": index, "text": text, "logprobs": null, "finish_reason": finish})
             }
         };
@@ -278,6 +287,47 @@ impl ResponseIds {
             "created": self.created,
             "model": self.model,
             "choices": [choice],
+        })
+    }
+
+    /// A `/v1/responses` body (vLLM's `ResponsesResponse`): one assistant message per
+    /// prompt, `incomplete` when the output limit cut it, usage in the Responses shape.
+    fn response(&self, texts: &[String], infos: &[FinishInfo]) -> Value {
+        let output: Vec<Value> = texts
+            .iter()
+            .map(|text| {
+                json!({
+                    "id": format!("msg_{:032x}", rand::random::<u128>()),
+                    "content": [{"annotations": [], "text": text, "type": "output_text", "logprobs": null}],
+                    "role": "assistant",
+                    "status": "completed",
+                    "type": "message",
+                })
+            })
+            .collect();
+        let cut = infos.iter().any(|i| i.reason == FinishReason::Length);
+        let (p, c, k) = infos.iter().fold((0, 0, 0), |(p, c, k), i| {
+            (
+                p + i.prompt_tokens,
+                c + i.completion_tokens,
+                k + i.cached_tokens,
+            )
+        });
+        json!({
+            "id": self.id,
+            "created_at": self.created,
+            "incomplete_details": if cut { json!({"reason": "max_output_tokens"}) } else { Value::Null },
+            "model": self.model,
+            "object": self.object(false),
+            "output": output,
+            "status": if cut { "incomplete" } else { "completed" },
+            "usage": {
+                "input_tokens": p,
+                "input_tokens_details": {"cached_tokens": k},
+                "output_tokens": c,
+                "output_tokens_details": {"reasoning_tokens": 0},
+                "total_tokens": p + c,
+            },
         })
     }
 
@@ -345,7 +395,8 @@ impl ChunkWriter {
                 out.extend_from_slice(b",\"delta\":{\"role\":\"assistant\",\"content\":")
             }
             Family::Chat => out.extend_from_slice(b",\"delta\":{\"content\":"),
-            Family::Completion => out.extend_from_slice(b",\"text\":"),
+            // Responses are never streamed (the handler refuses `stream`).
+            Family::Completion | Family::Responses => out.extend_from_slice(b",\"text\":"),
         }
         put(out, text);
         if self.family == Family::Chat {

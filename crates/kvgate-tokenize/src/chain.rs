@@ -30,7 +30,7 @@ use crate::outcome::{
 use crate::pool::{BlockingPool, PoolError, PoolOptions};
 use crate::prefix::PrefixSession;
 use crate::render::{RenderBackend, RenderOptions};
-use crate::{anthropic, chat, estimate};
+use crate::{anthropic, chat, estimate, responses};
 
 /// Errors building the service from configuration.
 #[derive(Debug, thiserror::Error)]
@@ -216,6 +216,7 @@ fn body_has_media(api: Api, body: &[u8]) -> bool {
     };
     match api {
         Api::Messages => anthropic::has_media(&v),
+        Api::Responses => responses::has_media(&v),
         _ => chat::has_media(&v),
     }
 }

@@ -35,6 +35,10 @@ pub(crate) enum Rejection {
     /// The request is invalid (vLLM would answer 400).
     #[error("invalid request: {0}")]
     Invalid(String),
+    /// A Responses request continues a stored response (`previous_response_id`), whose
+    /// history only the engine holds.
+    #[error("previous_response_id: the history is stored on the engine")]
+    PreviousResponse,
 }
 
 /// A [`Rejection::Invalid`] with `msg`.

@@ -1,6 +1,6 @@
 //! CLI entry points the `kvgate` binary wires as subcommands:
 //!
-//! - `kvgate tokenize --tokenizer DIR [--api chat|completions|messages] < request.json`
+//! - `kvgate tokenize --tokenizer DIR [--api chat|completions|messages|responses] < request.json`
 //!   prints `{"token_ids":[...],"backend":"local"}` (plus `"prompts"` when a completions
 //!   request has several prompts).
 //! - `kvgate parity --tokenizer DIR [--render URL] [FILES_OR_DIRS...]` tokenizes every
@@ -28,6 +28,8 @@ pub enum ApiArg {
     Completions,
     /// Anthropic `/v1/messages`.
     Messages,
+    /// OpenAI `/v1/responses`.
+    Responses,
 }
 
 impl ApiArg {
@@ -37,6 +39,7 @@ impl ApiArg {
             ApiArg::Chat => Api::ChatCompletions,
             ApiArg::Completions => Api::Completions,
             ApiArg::Messages => Api::Messages,
+            ApiArg::Responses => Api::Responses,
         }
     }
 }
@@ -215,4 +218,54 @@ pub async fn run_parity(
         summary.cases, summary.divergences, summary.errors
     )?;
     Ok(summary)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokenize_reads_each_api_from_stdin() {
+        let cases = [
+            (
+                ApiArg::Chat,
+                r#"{"model":"qwen3","messages":[{"role":"user","content":"hi"}]}"#,
+            ),
+            (ApiArg::Responses, r#"{"model":"qwen3","input":"hi"}"#),
+            (
+                ApiArg::Responses,
+                r#"{"model":"qwen3","input":[{"type":"message","role":"user","content":[{"type":"input_text","text":"hi"}]}]}"#,
+            ),
+        ];
+        // vLLM's ids for one user turn "hi" (the render server's smoke test).
+        let want =
+            r#"{"token_ids":[151644,872,198,6023,151645,198,151644,77091,198],"backend":"local"}"#;
+        for (api, body) in cases {
+            let args = TokenizeArgs {
+                tokenizer: crate::test_util::qwen3_dir(),
+                api,
+            };
+            let mut out = Vec::new();
+            run_tokenize(&args, &mut body.as_bytes(), &mut out).unwrap();
+            assert_eq!(
+                String::from_utf8(out).unwrap().trim_end(),
+                want,
+                "{api:?} {body}"
+            );
+        }
+    }
+
+    #[test]
+    fn tokenize_refuses_what_it_cannot_render() {
+        let args = TokenizeArgs {
+            tokenizer: crate::test_util::qwen3_dir(),
+            api: ApiArg::Responses,
+        };
+        let body = r#"{"model":"qwen3","input":"x","previous_response_id":"resp_1"}"#;
+        let err = run_tokenize(&args, &mut body.as_bytes(), &mut Vec::new()).unwrap_err();
+        assert!(
+            matches!(&err, CliError::Backend(e) if e.reason == crate::FallbackReason::PreviousResponse),
+            "{err:?}"
+        );
+    }
 }

@@ -2,7 +2,7 @@
 //! from the exact request bytes the engine receives.
 //!
 //! Three backends form a per-model fallback chain: `local` (HF tokenizer + chat template,
-//! normalizing requests exactly as vLLM 0.33's chat/Anthropic endpoints do), `render`
+//! normalizing requests exactly as vLLM 0.33's chat, Anthropic and Responses endpoints do), `render`
 //! (POST the sealed bytes to the engine's `/render`), and `estimate` (pseudo tokens,
 //! marked not engine-exact). Every step down has a [`FallbackReason`], logged and counted.
 //!
@@ -17,6 +17,7 @@
 //! - `bigint`: integers beyond `u64`/`i64` kept digit for digit, as Python keeps them.
 //! - `chat`: vLLM's chat-request normalization into template variables.
 //! - `anthropic`: vLLM's Anthropic Messages → chat conversion.
+//! - `responses`: vLLM's OpenAI Responses → chat conversion.
 //! - `prefix_cache`: the special-token segment cache (exact by construction).
 //! - [`render`]: [`RenderBackend`], the `/render` client.
 //! - `estimate`: pseudo tokens.
@@ -45,6 +46,7 @@ pub mod prefix;
 mod prefix_cache;
 mod pyjson;
 pub mod render;
+mod responses;
 mod template;
 #[cfg(any(test, feature = "test-util"))]
 pub mod test_util;

@@ -1,5 +1,5 @@
 //! The local backend: HF tokenizer + chat template, rendering requests the way vLLM 0.33
-//! does (see [`crate::chat`] and [`crate::anthropic`]) and encoding through the segment
+//! does (see [`crate::chat`], [`crate::anthropic`] and [`crate::responses`]) and encoding through the segment
 //! cache ([`crate::prefix_cache`]). Synchronous and CPU-bound: the chain runs it on the
 //! blocking pool.
 
@@ -16,6 +16,7 @@ use crate::chat::{self, Rejection};
 use crate::outcome::{BackendError, FallbackReason, PromptTokens};
 use crate::prefix::PrefixSupport;
 use crate::prefix_cache::{CHUNK_BYTES, SegmentEncoder};
+use crate::responses;
 use crate::template::{ChatTemplate, RenderError, TemplateInput};
 
 /// Local-backend options.
@@ -58,6 +59,10 @@ fn rejection(r: Rejection) -> BackendError {
         Rejection::Media(d) => BackendError::new(FallbackReason::MediaNeedsRender, d),
         Rejection::Unsupported(d) => BackendError::new(FallbackReason::UnsupportedFeature, d),
         Rejection::Invalid(d) => BackendError::new(FallbackReason::InvalidRequest, d),
+        Rejection::PreviousResponse => BackendError::new(
+            FallbackReason::PreviousResponse,
+            "previous_response_id is resolved by the engine",
+        ),
     }
 }
 
@@ -187,7 +192,7 @@ impl LocalTokenizer {
         })
     }
 
-    /// The chat-template input vLLM would build for `body` (chat or messages).
+    /// The chat-template input vLLM would build for `body` (chat, messages or responses).
     fn chat_input(
         &self,
         api: Api,
@@ -201,6 +206,10 @@ impl LocalTokenizer {
                 converted = anthropic::to_chat_body(body, self.anthropic).map_err(rejection)?;
                 &converted
             }
+            Api::Responses => {
+                converted = responses::to_chat_body(body).map_err(rejection)?;
+                &converted
+            }
             other => {
                 return Err(BackendError::new(
                     FallbackReason::UnsupportedApi,
@@ -212,7 +221,7 @@ impl LocalTokenizer {
         Ok((input.template, input.add_special_tokens))
     }
 
-    /// Renders the prompt text of a chat or messages request (no tokenization).
+    /// Renders the prompt text of a chat, messages or responses request (no tokenization).
     ///
     /// # Errors
     /// A [`BackendError`] naming why the request cannot be rendered locally.
@@ -272,7 +281,7 @@ impl LocalTokenizer {
         }
         let (value, ints) = Self::parse(body)?;
         match api {
-            Api::ChatCompletions | Api::Messages => {
+            Api::ChatCompletions | Api::Messages | Api::Responses => {
                 let (input, add_special) = self.chat_input(api, &value, ints)?;
                 let text = self.template()?.render(&input).map_err(render_error)?;
                 Ok(PromptSource::Text(text, add_special))

@@ -48,7 +48,7 @@ pub enum FallbackReason {
     RenderTimeout,
     /// `/render` answered 2xx with a body that is not the expected shape.
     RenderBadResponse,
-    /// The backend does not handle this API (responses, embeddings, passthrough).
+    /// The backend does not handle this API (embeddings, passthrough).
     UnsupportedApi,
     /// The request uses a feature the local backend does not model exactly.
     UnsupportedFeature,
@@ -61,6 +61,9 @@ pub enum FallbackReason {
     /// The local tokenizer panicked on this request (a bug; counted in
     /// `kvgate_tokenize_panics_total`).
     TokenizerPanic,
+    /// A Responses request names a `previous_response_id`: the conversation so far is
+    /// stored on the engine, so no stateless backend can render it.
+    PreviousResponse,
 }
 
 impl FallbackReason {
@@ -82,6 +85,7 @@ impl FallbackReason {
             FallbackReason::BodyNotJson => "body_not_json",
             FallbackReason::InvalidRequest => "invalid_request",
             FallbackReason::TokenizerPanic => "tokenizer_panic",
+            FallbackReason::PreviousResponse => "previous_response",
         }
     }
 }

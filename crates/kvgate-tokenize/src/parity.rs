@@ -8,9 +8,10 @@
 //!  "token_ids": [[151644, 872, ...]]}
 //! ```
 //!
-//! `api` is `chat_completions`, `completions` or `messages` (see `Api::label`); `body` is
-//! the request text exactly as sent to the engine (its UTF-8 bytes are the request);
-//! `token_ids` holds one list per prompt (exactly one for chat and messages), as the real
+//! `api` is `chat_completions`, `completions`, `messages` or `responses` (see
+//! `Api::label`); `body` is the request text exactly as sent to the engine (its UTF-8 bytes
+//! are the request); `token_ids` holds one list per prompt (exactly one for chat, messages
+//! and responses), as the real
 //! vLLM render server returned them (`scripts/gen_parity.py`).
 
 use std::path::{Path, PathBuf};
@@ -23,7 +24,7 @@ use crate::local::LocalTokenizer;
 /// One corpus case.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ParityCase {
-    /// API label (`chat_completions`, `completions`, `messages`).
+    /// API label (`chat_completions`, `completions`, `messages`, `responses`).
     pub api: String,
     /// Case name (the file stem).
     pub name: String,

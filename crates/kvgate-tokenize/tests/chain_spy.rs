@@ -241,6 +241,27 @@ async fn fallback_table() {
             ..BASE
         },
         Row {
+            name: "responses served locally",
+            api: Api::Responses,
+            body: r#"{"model":"m","instructions":"Be brief.","input":[{"role":"user","content":"hi"}]}"#,
+            want_backend: BackendKind::Local,
+            ..BASE
+        },
+        Row {
+            name: "responses previous_response_id",
+            api: Api::Responses,
+            body: r#"{"model":"m","input":"and then?","previous_response_id":"resp_1"}"#,
+            want_reasons: &[(BackendKind::Local, FallbackReason::PreviousResponse)],
+            ..BASE
+        },
+        Row {
+            name: "responses item type not modelled",
+            api: Api::Responses,
+            body: r#"{"model":"m","input":[{"type":"item_reference","id":"msg_1"}]}"#,
+            want_reasons: &[(BackendKind::Local, FallbackReason::UnsupportedFeature)],
+            ..BASE
+        },
+        Row {
             name: "unsupported api",
             api: Api::Embeddings,
             body: r#"{"model":"m","input":"x"}"#,

@@ -53,4 +53,8 @@ fn local_backend_matches_every_golden() {
         per_api.get("messages").copied().unwrap_or(0) >= 10,
         "{per_api:?}"
     );
+    assert!(
+        per_api.get("responses").copied().unwrap_or(0) >= 20,
+        "{per_api:?}"
+    );
 }

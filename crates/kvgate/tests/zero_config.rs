@@ -146,6 +146,51 @@ fn converse(proxy: SocketAddr, conversations: usize, turns: usize) -> Vec<(Strin
     out
 }
 
+/// `conversations` Responses conversations of `turns` turns each (`instructions` plus the
+/// growing item list, the assistant's answers as `output_text` items). Turns count the
+/// engine's own `input_tokens_details.cached_tokens` as realized.
+fn converse_responses(
+    proxy: SocketAddr,
+    conversations: usize,
+    turns: usize,
+) -> Vec<(String, Vec<Turn>)> {
+    let mut out = Vec::new();
+    for c in 0..conversations {
+        let instructions = system_prompt(c + 1000, 300);
+        let mut input: Vec<Value> = Vec::new();
+        let mut first = String::new();
+        let mut follow_ups = Vec::new();
+        for t in 0..turns {
+            input.push(json!({"type": "message", "role": "user", "content": [
+                {"type": "input_text", "text": format!("question {t} of thread {c}: what next?")}]}));
+            let body = json!({"model": MODEL, "instructions": instructions, "input": input,
+                              "max_output_tokens": 8})
+            .to_string();
+            let (status, head, reply) = exchange(proxy, "POST", "/v1/responses", &body);
+            assert_eq!(status, 200, "{head}\n{reply}");
+            let v: Value = serde_json::from_str(&reply).unwrap();
+            let turn = Turn {
+                endpoint: header(&head, "x-kvgate-endpoint").unwrap(),
+                predicted: header(&head, "x-kvgate-predicted-tokens")
+                    .map_or(0, |p| p.parse().unwrap()),
+                cached: v["usage"]["input_tokens_details"]["cached_tokens"]
+                    .as_u64()
+                    .unwrap(),
+            };
+            let text = v["output"][0]["content"][0]["text"].as_str().unwrap();
+            input.push(json!({"type": "message", "role": "assistant",
+                              "content": [{"type": "output_text", "text": text}]}));
+            if t == 0 {
+                first = turn.endpoint;
+            } else {
+                follow_ups.push(turn);
+            }
+        }
+        out.push((first, follow_ups));
+    }
+    out
+}
+
 /// Follow-ups served by their conversation's first engine, and those whose predicted cached
 /// tokens equal the engine's, out of all follow-ups.
 fn tally(chats: &[(String, Vec<Turn>)]) -> (usize, usize, usize) {
@@ -245,6 +290,48 @@ fn a_named_local_tokenizer_is_used_and_render_is_not_called() {
     assert!(chats_seen >= 48, "the spies saw the traffic: {chats_seen}");
     let renders: u64 = spies.iter().map(|s| s.count("/render")).sum();
     assert_eq!(renders, 0, "no render request reached an engine");
+}
+
+/// `/v1/responses` conversations with a local tokenizer: kvgate renders the Responses input
+/// itself (no render request), so each follow-up goes to the engine holding its
+/// conversation, with the predicted cached tokens the engine then reports.
+#[test]
+fn responses_follow_ups_stick_to_their_holder() {
+    let (_sim, engines) = sim(3);
+    let spies: Vec<Spy> = engines.iter().map(|e| Spy::start(e.http)).collect();
+    let mut flags = endpoint_flags(&engines, &spies);
+    flags.extend(["--tokenizer".to_owned(), format!("{MODEL}={TOKENIZER}")]);
+    let (_router, _lines, proxy, admin) = serve(&flags);
+
+    let threads = converse_responses(proxy, 24, 4);
+    let (holder, exact, all) = tally(&threads);
+    eprintln!("follow-ups: {holder}/{all} on the holder, {exact}/{all} predicted = realized");
+    assert!(holder * 100 >= all * 95, "{holder}/{all} on the holder");
+    assert!(
+        exact * 100 >= all * 95,
+        "{exact}/{all} predicted = realized"
+    );
+    let cached: u64 = threads.iter().flat_map(|(_, t)| t).map(|t| t.cached).sum();
+    assert!(cached > 0, "follow-ups hit the cache");
+    let seen: u64 = spies.iter().map(|s| s.count("/v1/responses")).sum();
+    assert_eq!(seen, 24 * 4, "the spies saw every request");
+    let renders: u64 = spies.iter().map(|s| s.count("/render")).sum();
+    assert_eq!(renders, 0, "no render request reached an engine");
+    let (status, _, metrics) = exchange(admin, "GET", "/metrics", "");
+    assert_eq!(status, 200);
+    let local_ok = format!(
+        "kvgate_tokenize_total{{model=\"{MODEL}\",backend=\"local\",outcome=\"ok\",reason=\"none\"}} {}",
+        24 * 4
+    );
+    assert!(
+        metrics.lines().any(|l| l == local_ok),
+        "{local_ok} not in:\n{}",
+        metrics
+            .lines()
+            .filter(|l| l.starts_with("kvgate_tokenize_total"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
 }
 
 /// A `block_size=32` flag against the engine's `cache_config_info` 16: logged once with both

@@ -310,3 +310,46 @@ async fn fleet_and_fail_after() {
     );
     sim.shutdown().await;
 }
+
+/// `/v1/responses`: the prompt is the local backend's rendering of the Responses input
+/// (instructions, items, tools), the body is vLLM's `ResponsesResponse` shape, a repeat
+/// hits the prefix cache, `max_output_tokens` bounds the output, and streaming is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn responses_are_served_from_the_rendered_input() {
+    let sim = sim(&[]).await;
+    let http = sim.instances()[0].http;
+    let body = json!({"model": "Qwen/Qwen3-0.6B", "instructions": "Be brief.", "max_output_tokens": 3,
+        "input": [{"role": "user", "content": "Explain paged attention. ".repeat(10)},
+                  {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Blocks."}]},
+                  {"role": "user", "content": "More?"}]});
+    let want = prompts()
+        .await
+        .tokenize(kvgate_request::Api::Responses, body.to_string().as_bytes())
+        .unwrap()[0]
+        .len();
+    let first = post(http, "/v1/responses", body.clone()).await;
+    assert_eq!(
+        first.status,
+        200,
+        "{}",
+        String::from_utf8_lossy(&first.body)
+    );
+    let a = first.json();
+    assert_eq!(a["object"], "response");
+    assert!(a["id"].as_str().unwrap().starts_with("resp_"), "{a}");
+    assert_eq!(a["status"], "incomplete");
+    assert_eq!(a["output"][0]["type"], "message");
+    assert_eq!(a["output"][0]["content"][0]["type"], "output_text");
+    assert_eq!(a["usage"]["input_tokens"], want);
+    assert_eq!(a["usage"]["output_tokens"], 3);
+    assert_eq!(a["usage"]["input_tokens_details"]["cached_tokens"], 0);
+    let b = post(http, "/v1/responses", body.clone()).await.json();
+    let cached = b["usage"]["input_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap();
+    assert!(cached > 0 && cached % 16 == 0, "cached {cached} of {want}");
+    let mut streamed = body;
+    streamed["stream"] = json!(true);
+    assert_eq!(post(http, "/v1/responses", streamed).await.status, 400);
+    sim.shutdown().await;
+}

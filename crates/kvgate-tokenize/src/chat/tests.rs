@@ -157,6 +157,7 @@ fn rejections_table() {
             Rejection::Media(_) => "media",
             Rejection::Unsupported(_) => "unsupported",
             Rejection::Invalid(_) => "invalid",
+            Rejection::PreviousResponse => "previous response",
         };
         assert_eq!(got, want, "{name}");
     }
