@@ -206,7 +206,9 @@ impl SseUsageObserver {
 /// out (or sent as `null`) is `None`. Anthropic's `input_tokens` counts only the uncached
 /// part of the prompt (vLLM: `prompt_tokens - cached_tokens`), so the prompt is
 /// `input_tokens + cache_read_input_tokens + cache_creation_input_tokens`, and the cached
-/// tokens are `cache_read_input_tokens`.
+/// tokens are `cache_read_input_tokens`. An OpenAI Responses `usage` also names the prompt
+/// `input_tokens`, but there it is the whole prompt, and its hit is
+/// `input_tokens_details.cached_tokens`: the details object tells the two apart.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
 #[serde(from = "RawUsage")]
 pub struct Usage {
@@ -227,7 +229,8 @@ struct RawUsage {
     completion_tokens: Option<u64>,
     #[serde(default)]
     prompt_tokens_details: Option<RawDetails>,
-    /// Anthropic: the uncached prompt tokens.
+    /// Anthropic: the uncached prompt tokens; Responses (with `input_tokens_details`): all
+    /// of them.
     #[serde(default)]
     input_tokens: Option<u64>,
     #[serde(default)]
@@ -236,6 +239,9 @@ struct RawUsage {
     cache_read_input_tokens: Option<u64>,
     #[serde(default)]
     cache_creation_input_tokens: Option<u64>,
+    /// Responses: the prompt's details, with its cached tokens.
+    #[serde(default)]
+    input_tokens_details: Option<RawDetails>,
 }
 
 #[derive(Deserialize)]
@@ -246,6 +252,13 @@ struct RawDetails {
 
 impl From<RawUsage> for Usage {
     fn from(raw: RawUsage) -> Self {
+        if let Some(details) = raw.input_tokens_details {
+            return Self {
+                prompt_tokens: raw.prompt_tokens.or(raw.input_tokens),
+                completion_tokens: raw.completion_tokens.or(raw.output_tokens),
+                cached_tokens: details.cached_tokens,
+            };
+        }
         let anthropic_prompt = raw.input_tokens.map(|input| {
             input
                 .saturating_add(raw.cache_read_input_tokens.unwrap_or(0))
@@ -554,6 +567,24 @@ mod tests {
                 }),
             ),
             ("a string message alone", r#"{"message":"hi"}"#, None),
+            (
+                "responses: input_tokens is the whole prompt when details are given",
+                r#"{"object":"response","usage":{"input_tokens":40,"input_tokens_details":{"cached_tokens":32},"output_tokens":3}}"#,
+                Some(Usage {
+                    prompt_tokens: Some(40),
+                    completion_tokens: Some(3),
+                    cached_tokens: Some(32),
+                }),
+            ),
+            (
+                "responses details without a count",
+                r#"{"usage":{"input_tokens":40,"input_tokens_details":{},"output_tokens":3}}"#,
+                Some(Usage {
+                    prompt_tokens: Some(40),
+                    completion_tokens: Some(3),
+                    cached_tokens: None,
+                }),
+            ),
         ];
         for (name, input, want) in cases {
             assert_eq!(usage_from_json(input.as_bytes()), want, "{name}");
