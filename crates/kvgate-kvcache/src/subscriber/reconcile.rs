@@ -1,11 +1,14 @@
 //! Reconciling a (re)connected endpoint with the engine's replay from seq 0: same process,
 //! new process (restart), or first contact. See the module docs of `subscriber`.
 
+use memchr::memmem;
 use tokio_util::sync::CancellationToken;
 
 use super::EndpointTask;
 use super::live::fingerprint;
 use super::replay::{self, ReplayOutcome, SeqTracker};
+use crate::codec::decode_batch;
+use crate::event::KvEvent;
 
 /// What the replay says about the engine behind a new connection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -99,14 +102,14 @@ impl EndpointTask {
                     // The whole history: it replaces whatever the index held.
                     self.clear();
                 }
-                self.apply_all(&batches, None);
+                self.apply_all(&batches, None).await;
                 if let Some(n) = newest {
                     tracker.replayed_through(n);
                     tracing::info!(endpoint = %label, until = n + 1, outcome = ?outcome, "kv events replayed on connect (warm start)");
                 }
             }
             Verdict::Continue => {
-                self.apply_all(&batches, last);
+                self.apply_all(&batches, last).await;
                 if let Some(n) = newest {
                     tracker.replayed_through(n);
                 }
@@ -126,7 +129,7 @@ impl EndpointTask {
                     && outcome == ReplayOutcome::Complete
                     && verdict == Verdict::Restart;
                 self.index.set_degraded(self.id(), !whole);
-                self.apply_all(&batches, None);
+                self.apply_all(&batches, None).await;
                 match newest {
                     Some(n) => tracker.replayed_through(n),
                     None => tracker.expect_from_zero(),
@@ -136,14 +139,45 @@ impl EndpointTask {
         true
     }
 
-    /// Applies replayed batches above `after`.
-    fn apply_all(&mut self, batches: &[(u64, Vec<u8>)], after: Option<u64>) {
-        for (seq, payload) in batches {
+    /// Applies replayed batches above `after`, from the newest one that clears the engine's
+    /// cache (what came before it cannot change what the index holds after it), yielding to
+    /// the runtime every [`APPLY_CHUNK`] batches: an engine retains up to `buffer_steps`
+    /// batches (10,000 in vLLM), and on a busy engine they hold millions of block events, so
+    /// applying them in one go would hold a worker thread for seconds and stall every request
+    /// the proxy is serving on it. The endpoint's holdings are unconfirmed (score nothing)
+    /// until reconciliation ends, so lookups meanwhile never see a half-applied replay.
+    async fn apply_all(&mut self, batches: &[(u64, Vec<u8>)], after: Option<u64>) {
+        let start = last_clear(batches).unwrap_or(0);
+        let mut since_yield = 0;
+        for (seq, payload) in &batches[start..] {
             if after.is_none_or(|a| *seq > a) {
                 self.apply(*seq, payload);
+                since_yield += 1;
+                if since_yield == APPLY_CHUNK {
+                    since_yield = 0;
+                    tokio::task::yield_now().await;
+                }
             }
         }
     }
+}
+
+/// Replayed batches applied between two yields to the runtime.
+const APPLY_CHUNK: usize = 32;
+
+/// The position of the newest batch holding an `AllBlocksCleared` event. A byte search for
+/// the event's tag finds candidates without decoding; a candidate is decoded to confirm.
+fn last_clear(batches: &[(u64, Vec<u8>)]) -> Option<usize> {
+    let tag = memmem::Finder::new(b"AllBlocksCleared");
+    batches.iter().rposition(|(_, payload)| {
+        tag.find(payload).is_some()
+            && decode_batch(payload).is_ok_and(|(batch, _)| {
+                batch
+                    .events
+                    .iter()
+                    .any(|e| matches!(e, KvEvent::AllBlocksCleared))
+            })
+    })
 }
 
 #[cfg(test)]
@@ -240,5 +274,108 @@ mod tests {
         for (name, last, b, outcome, want) in cases {
             assert_eq!(judge(last, &b, outcome), want, "{name}");
         }
+    }
+
+    use std::sync::Arc;
+
+    use crate::codec::{Encoding, encode_batch};
+    use crate::event::{BlockHash, BlockStored};
+    use crate::index::{EndpointId, EndpointKey, EndpointSpec, IndexConfig, KvIndex};
+    use crate::metrics::KvMetrics;
+    use crate::subscriber::{EndpointSource, SubscriberConfig};
+
+    /// An endpoint task over a fresh index (never connected: only its apply path is used).
+    fn task() -> (EndpointTask, KvIndex, EndpointId) {
+        let index = KvIndex::new(IndexConfig::default(), KvMetrics::unregistered());
+        let spec = EndpointSpec {
+            key: EndpointKey::new("127.0.0.1:8000", 0),
+            model: "m".into(),
+            block_size: 16,
+            capacity_blocks: None,
+        };
+        let id = index.register_endpoint(spec.clone());
+        let task = EndpointTask {
+            index: index.clone(),
+            slot: index.slot(id).unwrap(),
+            source: EndpointSource {
+                spec,
+                kv_events: "tcp://127.0.0.1:1".into(),
+                replay: None,
+                topic: String::new(),
+            },
+            config: Arc::new(SubscriberConfig::default()),
+            warn: Default::default(),
+            last_applied: None,
+        };
+        (task, index, id)
+    }
+
+    /// Batch `seq`: one block of its own.
+    fn store(seq: u64, encoding: Encoding) -> Vec<u8> {
+        let ev = KvEvent::BlockStored(BlockStored {
+            block_hashes: vec![BlockHash::Int(1_000 + seq)],
+            token_ids: (0..16).map(|t| t + seq as u32 * 16).collect(),
+            block_size: 16,
+            medium: Some("GPU".into()),
+            ..Default::default()
+        });
+        encode_batch(seq as f64, &[ev], Some(0), encoding)
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_long_replay_lets_other_tasks_run() {
+        let (mut task, index, id) = task();
+        let n = APPLY_CHUNK as u64 * 4;
+        let replay: Vec<_> = (0..n).map(|s| (s, store(s, Encoding::Map))).collect();
+        // On this one-thread runtime the probe runs only when the replay yields.
+        let probe = tokio::spawn({
+            let index = index.clone();
+            async move { index.holdings(id) }
+        });
+        task.apply_all(&replay, None).await;
+        let seen = probe.await.unwrap();
+        assert_eq!(index.holdings(id), n as usize);
+        assert!(
+            seen > 0 && seen < n as usize,
+            "another task ran only after {seen} of {n} batches were applied"
+        );
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_replay_is_applied_from_its_last_cache_clear() {
+        for encoding in [Encoding::Map, Encoding::Array] {
+            let (mut task, index, id) = task();
+            let clear = encode_batch(0.0, &[KvEvent::AllBlocksCleared], Some(0), encoding);
+            let replay = vec![
+                (0, store(0, encoding)),
+                (1, b"\xc1 undecodable".to_vec()),
+                (2, clear.clone()),
+                (3, store(3, encoding)),
+                (4, clear),
+                (5, store(5, encoding)),
+                (6, store(6, encoding)),
+            ];
+            task.apply_all(&replay, None).await;
+            assert_eq!(
+                index.holdings(id),
+                2,
+                "{encoding:?}: the blocks after the last clear"
+            );
+            assert_eq!(
+                task.slot.metrics.decode_payload.get(),
+                0,
+                "{encoding:?}: a batch before the last clear is not decoded"
+            );
+            assert_eq!(task.last_applied.map(|l| l.0), Some(6), "{encoding:?}");
+        }
+    }
+
+    #[test]
+    fn only_a_decoded_clear_counts() {
+        let with_tag_only = (0, b"AllBlocksCleared, but not msgpack".to_vec());
+        let clear = encode_batch(0.0, &[KvEvent::AllBlocksCleared], None, Encoding::Map);
+        assert_eq!(last_clear(&[with_tag_only.clone()]), None);
+        assert_eq!(last_clear(&[(0, clear), with_tag_only]), Some(0));
+        assert_eq!(last_clear(&[(0, store(0, Encoding::Map))]), None);
     }
 }
