@@ -16,10 +16,11 @@ mod file;
 mod tokenizer;
 
 pub use self::file::{
-    FileConfig, KvIndexSpec, ModelConfig, ReplicaSyncSpec, TierWeightsSpec, TimeoutsSpec,
+    FileConfig, KvIndexSpec, ModelConfig, ReplicaSyncSpec, TierWeightsSpec, TimeoutsSpec, TlsSpec,
     TokenizePool, TokenizerSpec, UpstreamSpec,
 };
 pub use self::tokenizer::{ChainChoice, choose_chain};
+pub use crate::tls::ListenerTls;
 
 /// Proxy listen address when neither `--listen` nor `listen` sets one: `0.0.0.0:8080`.
 pub const DEFAULT_LISTEN: SocketAddr = SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 8080);
@@ -120,6 +121,9 @@ pub enum ConfigError {
     /// An `ALIAS=MODEL` flag without `=`.
     #[error("alias flag `{0}` must be ALIAS=MODEL")]
     BadAliasFlag(String),
+    /// A TLS certificate, key or CA file is unusable.
+    #[error(transparent)]
+    Tls(#[from] crate::tls::TlsError),
     /// A `--render MODEL=URL` flag without `=`.
     #[error("render flag `{0}` must be MODEL=URL")]
     BadRenderFlag(String),
@@ -166,6 +170,12 @@ pub struct ProxyConfig {
     pub upstream_timeout: Duration,
     /// Largest accepted request body; larger gets 413.
     pub max_body_bytes: usize,
+    /// TLS on the proxy listener (YAML `tls:`, `--tls-cert` and `--tls-key`; `None`: plain
+    /// HTTP/1.1 and h2c).
+    pub tls: Option<ListenerTls>,
+    /// Extra CA certificates (PEM) trusted for `https://` endpoints besides the system's
+    /// roots (YAML `upstream.ca_file`, `--upstream-ca`).
+    pub upstream_ca: Option<std::path::PathBuf>,
     /// How often each endpoint's `/v1/models` is refreshed (`None`: only on demand).
     pub models_refresh: Option<Duration>,
     /// Per-model tokenizer chains and the tokenizer pool.
@@ -227,6 +237,8 @@ impl Default for ProxyConfig {
             retries: 2,
             upstream_timeout: Duration::from_secs(600),
             max_body_bytes: 32 << 20,
+            tls: None,
+            upstream_ca: None,
             models_refresh: Some(Duration::from_secs(30)),
             tokenize: TokenizeConfig::default(),
             engines: RegistryConfig::default(),
@@ -260,6 +272,15 @@ impl ProxyConfig {
         self.kv_index = file.kv_index.to_index_config();
         self.connect_timeout = Duration::from_millis(file.upstream.connect_timeout_ms);
         self.pool_idle_timeout = Duration::from_millis(file.upstream.pool_idle_timeout_ms);
+        if file.upstream.ca_file.is_some() {
+            self.upstream_ca.clone_from(&file.upstream.ca_file);
+        }
+        if let Some(tls) = &file.tls {
+            self.tls = Some(ListenerTls {
+                cert_file: tls.cert_file.clone(),
+                key_file: tls.key_file.clone(),
+            });
+        }
         if let Some(sync) = &file.replica_sync {
             self.replica_sync = Some(sync.to_sync_config());
         }

@@ -19,6 +19,8 @@
 //! - [`server`]: accept loops (backing off after failed accepts) and graceful shutdown ([`run`]).
 //! - `admin`: the admin routes (`/health`, `/ready`, `/metrics`, `/debug/state[.json]`) and the
 //!   `/debug/state` page template.
+//! - [`tls`]: rustls server config of the proxy listener and client config of `https://`
+//!   endpoints.
 //! - `test_util` (feature `test-util`): a raw-socket spy engine and a proxy launcher.
 
 mod admin;
@@ -34,6 +36,7 @@ pub mod proxy;
 pub mod server;
 #[cfg(any(test, feature = "test-util"))]
 pub mod test_util;
+pub mod tls;
 
 pub use kvgate_schedule::{EndpointConfig, SchedulerConfig};
 

@@ -96,6 +96,13 @@ pub struct ProxyMetrics {
     /// request completed because its match ended where they did (a sibling of a request in
     /// flight), extending the speculative holdings over the whole prompt.
     pub parked_prefix_completions: Counter,
+    /// `kvgate_upstream_tls_errors_total{endpoint}`: upstream attempts to an `https://`
+    /// endpoint that failed in TLS (an untrusted or mismatched certificate, a refused
+    /// handshake).
+    pub upstream_tls_errors: Family<EndpointLabels, Counter>,
+    /// `kvgate_tls_handshake_failures_total`: client connections to the TLS listener closed
+    /// because their handshake failed or did not finish within `timeouts.header_read_ms`.
+    pub tls_handshake_failures: Counter,
 }
 
 fn latency_histogram() -> Histogram {
@@ -122,6 +129,8 @@ impl ProxyMetrics {
             timeouts: Family::default(),
             tokenize_fallback: Family::default(),
             parked_prefix_completions: Counter::default(),
+            upstream_tls_errors: Family::default(),
+            tls_handshake_failures: Counter::default(),
         };
         registry.register(
             "requests",
@@ -187,6 +196,16 @@ impl ProxyMetrics {
             "tokenize_fallback",
             "Requests routed on load without tokenizing, by reason",
             m.tokenize_fallback.clone(),
+        );
+        registry.register(
+            "upstream_tls_errors",
+            "Upstream attempts that failed in TLS (certificate not trusted, handshake refused)",
+            m.upstream_tls_errors.clone(),
+        );
+        registry.register(
+            "tls_handshake_failures",
+            "Client connections whose TLS handshake failed or timed out",
+            m.tls_handshake_failures.clone(),
         );
         m
     }

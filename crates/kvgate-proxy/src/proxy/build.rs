@@ -3,10 +3,6 @@
 use std::sync::{Arc, Mutex};
 
 use arc_swap::ArcSwap;
-use bytes::Bytes;
-use http_body_util::Full;
-use hyper_util::client::legacy::{Client, connect::HttpConnector};
-use hyper_util::rt::{TokioExecutor, TokioTimer};
 use kvgate_kvcache::{KvIndex, KvMetrics};
 use kvgate_schedule::{
     EndpointConfig, EndpointRegistry, RegistryHandles, ScheduleMetrics, Scheduler, SchedulerConfig,
@@ -76,7 +72,11 @@ impl Proxy {
             ),
             None => None,
         };
-        let client = upstream_client(&config);
+        let upstreams = super::upstream::Upstreams::new(&config)?;
+        let listener_tls = match &config.tls {
+            Some(tls) => Some(crate::tls::server_config(tls)?),
+            None => None,
+        };
         let replica_metrics = config
             .replica_sync
             .as_ref()
@@ -92,7 +92,8 @@ impl Proxy {
             scheduler: ArcSwap::from_pointee(scheduler),
             handles,
             tokenizer,
-            client,
+            upstreams,
+            listener_tls,
             metrics,
             model_objects: Mutex::default(),
             chains_decided: Mutex::default(),
@@ -126,17 +127,6 @@ impl Proxy {
         tracing::info!(added = ?report.added, removed = ?report.removed, kept = report.kept.len(), "config reloaded");
         Ok(())
     }
-}
-
-/// The pooled keep-alive client every upstream request (and model discovery) goes through.
-fn upstream_client(config: &ProxyConfig) -> Client<HttpConnector, Full<Bytes>> {
-    let mut connector = HttpConnector::new();
-    connector.set_nodelay(true);
-    connector.set_connect_timeout(Some(config.connect_timeout));
-    Client::builder(TokioExecutor::new())
-        .pool_idle_timeout(config.pool_idle_timeout)
-        .pool_timer(TokioTimer::new())
-        .build(connector)
 }
 
 #[cfg(test)]

@@ -24,6 +24,7 @@ use super::{
     request_id::request_id,
     respond::{json_response, upstream_headers},
     routes::{self, Refusal, Route},
+    upstream,
 };
 use crate::{
     admission::{Held, HeldBody},
@@ -33,6 +34,8 @@ use crate::{
 };
 
 mod upload;
+
+use self::upload::Failed;
 
 /// One upstream attempt's failure.
 enum AttemptError {
@@ -278,12 +281,17 @@ impl Proxy {
         let timeout = self.config.upstream_timeout;
         let sent = async {
             if sealed.body().len() >= upload::DEDICATED_UPLOAD_BYTES {
-                upload::send_dedicated(req, self.config.connect_timeout).await
+                upload::send_dedicated(
+                    req,
+                    self.config.connect_timeout,
+                    &self.upstreams.tls_connector(),
+                )
+                .await
             } else {
-                self.client
-                    .request(req)
-                    .await
-                    .map_err(|e| upload::chain(&e))
+                self.upstreams.request(req).await.map_err(|e| Failed {
+                    tls: upstream::is_tls_error(&e),
+                    reason: upload::chain(&e),
+                })
             }
         };
         match tokio::time::timeout(timeout, sent).await {
@@ -294,7 +302,17 @@ impl Proxy {
                     timeout_ms: timeout.as_millis(),
                 }
             })),
-            Ok(Err(reason)) => Err(AttemptError::Retryable(reason)),
+            Ok(Err(Failed { reason, tls })) => {
+                if tls {
+                    self.metrics
+                        .upstream_tls_errors
+                        .get_or_create(&EndpointLabels {
+                            endpoint: ep.name().to_owned(),
+                        })
+                        .inc();
+                }
+                Err(AttemptError::Retryable(reason))
+            }
             Ok(Ok(resp)) => Ok(resp),
         }
     }

@@ -21,6 +21,7 @@ mod prompt_limit;
 mod streams;
 mod surface;
 mod timeouts;
+mod tls;
 
 const CANONICAL: &str = "Qwen/Qwen3-0.6B";
 

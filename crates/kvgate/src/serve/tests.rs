@@ -156,6 +156,57 @@ fn upstream_and_index_flags_override_the_file() {
 }
 
 #[test]
+fn tls_flags_override_the_file() {
+    let yaml = "tls: { cert_file: /f/cert.pem, key_file: /f/key.pem }\n\
+                upstream: { ca_file: /f/ca.pem }";
+    let file = FileConfig::from_yaml(yaml).unwrap();
+    let read = |c: &ProxyConfig| {
+        let tls = c.tls.as_ref().map(|t| {
+            (
+                t.cert_file.display().to_string(),
+                t.key_file.display().to_string(),
+            )
+        });
+        let ca = c.upstream_ca.as_ref().map(|p| p.display().to_string());
+        (tls, ca)
+    };
+    let pair = |a: &str, b: &str| Some((a.to_owned(), b.to_owned()));
+    let some = |a: &str| Some(a.to_owned());
+    // (name, flags, YAML, want): one source flipped per row.
+    let cases: [(&str, &[&str], &FileConfig, _); 4] = [
+        ("nothing", &[], &FileConfig::default(), (None, None)),
+        (
+            "file",
+            &[],
+            &file,
+            (pair("/f/cert.pem", "/f/key.pem"), some("/f/ca.pem")),
+        ),
+        (
+            "tls flags over file",
+            &["--tls-cert", "/c.pem", "--tls-key", "/k.pem"],
+            &file,
+            (pair("/c.pem", "/k.pem"), some("/f/ca.pem")),
+        ),
+        (
+            "ca flag over file",
+            &["--upstream-ca", "/ca2.pem"],
+            &file,
+            (pair("/f/cert.pem", "/f/key.pem"), some("/ca2.pem")),
+        ),
+    ];
+    for (name, flags, file, want) in cases {
+        let config = proxy_config(&serve_args(flags), file).unwrap();
+        assert_eq!(read(&config), want, "{name}");
+    }
+    // A certificate without its key (or the other way round) is refused by the parser.
+    for flags in [["--tls-cert", "/c.pem"], ["--tls-key", "/k.pem"]] {
+        let argv = ["kvgate", "serve"].iter().chain(&flags);
+        let err = Cli::try_parse_from(argv).unwrap_err().to_string();
+        assert!(err.contains("required"), "{flags:?}: {err}");
+    }
+}
+
+#[test]
 fn bad_flags_are_errors_naming_the_flag() {
     // (flags, what the message must name): one bad flag per row.
     let cases: [(&[&str], &str); 8] = [
