@@ -16,8 +16,8 @@ mod file;
 mod tokenizer;
 
 pub use self::file::{
-    FileConfig, KvIndexSpec, ModelConfig, ReplicaSyncSpec, TierWeightsSpec, TimeoutsSpec, TlsSpec,
-    TokenizePool, TokenizerSpec, UpstreamSpec,
+    FileConfig, KvIndexSpec, LimitsSpec, ModelConfig, ReplicaSyncSpec, TierWeightsSpec,
+    TimeoutsSpec, TlsSpec, TokenizePool, TokenizerSpec, UpstreamSpec,
 };
 pub use self::tokenizer::{ChainChoice, choose_chain};
 pub use crate::tls::ListenerTls;
@@ -61,6 +61,9 @@ pub struct Timeouts {
 /// Default of [`ProxyConfig::max_prompt_bytes_tokenized`]: 1 MiB (about 250k tokens of
 /// English text, past any current model's context).
 pub const DEFAULT_MAX_PROMPT_BYTES_TOKENIZED: usize = 1 << 20;
+
+/// Default of [`ProxyConfig::max_inflight_body_bytes`]: 1 GiB.
+pub const DEFAULT_MAX_INFLIGHT_BODY_BYTES: u64 = 1 << 30;
 
 /// Default of [`Timeouts::header_read`].
 pub const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
@@ -170,6 +173,12 @@ pub struct ProxyConfig {
     pub upstream_timeout: Duration,
     /// Largest accepted request body; larger gets 413.
     pub max_body_bytes: usize,
+    /// The request bodies all requests in flight may hold in memory together, in bytes
+    /// (YAML `limits.max_inflight_body_bytes`, `--max-inflight-body-bytes`; default
+    /// [`DEFAULT_MAX_INFLIGHT_BODY_BYTES`]). A body is counted from its first byte read until
+    /// its request ends; one that would go over gets 503 with `Retry-After`
+    /// (`body_budget_exhausted`).
+    pub max_inflight_body_bytes: u64,
     /// TLS on the proxy listener (YAML `tls:`, `--tls-cert` and `--tls-key`; `None`: plain
     /// HTTP/1.1 and h2c).
     pub tls: Option<ListenerTls>,
@@ -237,6 +246,7 @@ impl Default for ProxyConfig {
             retries: 2,
             upstream_timeout: Duration::from_secs(600),
             max_body_bytes: 32 << 20,
+            max_inflight_body_bytes: DEFAULT_MAX_INFLIGHT_BODY_BYTES,
             tls: None,
             upstream_ca: None,
             models_refresh: Some(Duration::from_secs(30)),
@@ -281,6 +291,7 @@ impl ProxyConfig {
                 key_file: tls.key_file.clone(),
             });
         }
+        self.max_inflight_body_bytes = file.limits.max_inflight_body_bytes;
         if let Some(sync) = &file.replica_sync {
             self.replica_sync = Some(sync.to_sync_config());
         }
@@ -376,6 +387,11 @@ impl ProxyConfig {
                 POSITIVE,
             ),
             (self.timeouts.idle.is_zero(), "timeouts.idle_ms", POSITIVE),
+            (
+                self.max_inflight_body_bytes == 0,
+                "limits.max_inflight_body_bytes",
+                POSITIVE,
+            ),
             (
                 self.max_prompt_bytes_tokenized == 0,
                 "tokenize.max_prompt_bytes_tokenized",

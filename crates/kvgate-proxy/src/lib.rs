@@ -9,6 +9,7 @@
 //!   schedule), the HTTP front door (read → pipeline → forward with retries) and the
 //!   response path (restore the alias, watch `usage`).
 //! - [`body`]: streamed response bodies and the per-request accounting guard.
+//! - [`budget`]: the global in-flight request body budget (`limits.max_inflight_body_bytes`).
 //! - [`models`]: model discovery and kvgate's own `GET /v1/models`.
 //! - [`admission`]: admission and flow control (in-flight limits, the priority/fairness
 //!   queue, 429s) and the permits that hold a request's slots.
@@ -26,6 +27,7 @@
 mod admin;
 pub mod admission;
 pub mod body;
+pub mod budget;
 pub mod config;
 pub mod decision_log;
 pub mod error;

@@ -77,6 +77,8 @@ pub struct Proxy {
     pub(crate) upstreams: upstream::Upstreams,
     /// The proxy listener's TLS (`None`: plain HTTP/1.1 and h2c).
     pub(crate) listener_tls: Option<Arc<rustls::ServerConfig>>,
+    /// The in-flight request body budget.
+    pub(crate) body_budget: crate::budget::BodyBudget,
     pub(crate) metrics: ProxyMetrics,
     /// Each endpoint's `/v1/models` objects, by endpoint name.
     pub(crate) model_objects: Mutex<HashMap<String, Arc<Vec<serde_json::Value>>>>,
@@ -149,6 +151,11 @@ impl Proxy {
             tasks.push(tokio::spawn(self.clone().discovery_loop(every)));
         }
         Ok(SideTasks { tasks })
+    }
+
+    /// The in-flight request body budget (`limits.max_inflight_body_bytes`).
+    pub fn body_budget(&self) -> &crate::budget::BodyBudget {
+        &self.body_budget
     }
 
     /// The flow controller, when `flow_control` is configured.

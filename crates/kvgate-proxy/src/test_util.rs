@@ -10,7 +10,7 @@ use std::{net::SocketAddr, sync::Arc, time::Duration};
 use tokio::{
     io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt},
     net::TcpListener,
-    sync::{mpsc, oneshot},
+    sync::{Semaphore, mpsc, oneshot},
 };
 
 use crate::ProxyConfig;
@@ -49,6 +49,14 @@ pub enum Behavior {
     },
     /// Never answers (holds the connection open).
     Silent,
+    /// Reports each request, then waits for a permit of `release` (one per request) and
+    /// answers `200` with this JSON body: requests held in flight until the test lets them go.
+    Gated {
+        /// One permit answers one request.
+        release: Arc<Semaphore>,
+        /// The JSON body of each answer.
+        body: String,
+    },
     /// Closes the connection right after reading the request, without a response byte.
     Reset,
     /// An engine with a body limit of `read_body` bytes (as axum's): a larger body is read
@@ -283,6 +291,19 @@ async fn serve_conn<S: AsyncRead + AsyncWrite + Unpin>(
                 let _ = ev_tx.send(SpyEvent::StreamFinished);
                 if stream.write_all(b"0\r\n\r\n").await.is_err() {
                     let _ = ev_tx.send(SpyEvent::PeerClosed);
+                    return;
+                }
+            }
+            Behavior::Gated { release, body } => {
+                let Ok(permit) = release.acquire().await else {
+                    return;
+                };
+                permit.forget();
+                let resp = format!(
+                    "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+                    body.len()
+                );
+                if send(&mut stream, resp.as_bytes()).await.is_err() {
                     return;
                 }
             }

@@ -69,6 +69,11 @@ pub(crate) struct ServeArgs {
     /// Largest accepted request body in bytes; larger gets 413.
     #[arg(long, default_value_t = 32 << 20)]
     max_body_bytes: usize,
+    /// Request bodies all requests in flight may hold in memory together, in bytes; a body
+    /// that does not fit gets 503 with Retry-After [default: the config's
+    /// `limits.max_inflight_body_bytes`, else 1073741824 (1 GiB)].
+    #[arg(long, value_name = "BYTES")]
+    max_inflight_body_bytes: Option<u64>,
     /// Serve the proxy port over TLS (HTTP/1.1 and h2 by ALPN) with this PEM certificate
     /// chain; needs --tls-key [default: the config's `tls.cert_file`, else plain HTTP].
     #[arg(long, value_name = "FILE", requires = "tls_key")]
@@ -273,6 +278,9 @@ pub(crate) fn proxy_config(args: &ServeArgs, file: &FileConfig) -> anyhow::Resul
     config.retries = args.retries;
     config.upstream_timeout = args.upstream_timeout;
     config.max_body_bytes = args.max_body_bytes;
+    if let Some(bytes) = args.max_inflight_body_bytes {
+        config.max_inflight_body_bytes = bytes;
+    }
     if let (Some(cert_file), Some(key_file)) = (&args.tls_cert, &args.tls_key) {
         config.tls = Some(kvgate_proxy::config::ListenerTls {
             cert_file: cert_file.clone(),

@@ -10,8 +10,8 @@ use kvgate_tokenize::{BackendKind, TokenizeConfig};
 use serde::Deserialize;
 
 use super::{
-    ConfigError, DEFAULT_CONNECT_TIMEOUT, DEFAULT_MAX_PROMPT_BYTES_TOKENIZED,
-    DEFAULT_POOL_IDLE_TIMEOUT, Timeouts,
+    ConfigError, DEFAULT_CONNECT_TIMEOUT, DEFAULT_MAX_INFLIGHT_BODY_BYTES,
+    DEFAULT_MAX_PROMPT_BYTES_TOKENIZED, DEFAULT_POOL_IDLE_TIMEOUT, Timeouts,
 };
 #[cfg(doc)]
 use super::{DEFAULT_ADMIN_LISTEN, DEFAULT_LISTEN, ProxyConfig};
@@ -28,6 +28,9 @@ pub struct FileConfig {
     /// TLS on the proxy listener (absent: plain HTTP/1.1 and h2c; read at startup).
     #[serde(default)]
     pub tls: Option<TlsSpec>,
+    /// Limits on what requests in flight hold (read at startup).
+    #[serde(default)]
+    pub limits: LimitsSpec,
     /// Engine endpoints (`url`, `labels`, `kv_events`, `kv_replay`, `model`, `block_size`).
     #[serde(default)]
     pub endpoints: Vec<EndpointConfig>,
@@ -102,6 +105,28 @@ pub struct TlsSpec {
     pub cert_file: PathBuf,
     /// The private key (PKCS#8, PKCS#1 or SEC1).
     pub key_file: PathBuf,
+}
+
+/// `limits:`: what requests in flight may hold together.
+///
+/// ```yaml
+/// limits:
+///   max_inflight_body_bytes: 1073741824
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LimitsSpec {
+    /// Request bodies held in memory by all requests in flight, in bytes (default 1 GiB;
+    /// must be greater than 0). See [`ProxyConfig::max_inflight_body_bytes`].
+    pub max_inflight_body_bytes: u64,
+}
+
+impl Default for LimitsSpec {
+    fn default() -> Self {
+        Self {
+            max_inflight_body_bytes: DEFAULT_MAX_INFLIGHT_BODY_BYTES,
+        }
+    }
 }
 
 /// `timeouts:`: how long each phase may take, in milliseconds (each must be greater than

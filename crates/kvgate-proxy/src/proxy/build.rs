@@ -77,6 +77,11 @@ impl Proxy {
             Some(tls) => Some(crate::tls::server_config(tls)?),
             None => None,
         };
+        let body_budget = crate::budget::BodyBudget::new(
+            config.max_inflight_body_bytes,
+            metrics.inflight_body_bytes.clone(),
+            metrics.body_budget_rejected.clone(),
+        );
         let replica_metrics = config
             .replica_sync
             .as_ref()
@@ -94,6 +99,7 @@ impl Proxy {
             tokenizer,
             upstreams,
             listener_tls,
+            body_budget,
             metrics,
             model_objects: Mutex::default(),
             chains_decided: Mutex::default(),

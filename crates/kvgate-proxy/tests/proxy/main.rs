@@ -14,6 +14,7 @@ use kvgate_proxy::{
 use kvgate_schedule::RegistryError;
 use tokio::sync::mpsc::error::TryRecvError;
 
+mod budget;
 mod early_reject;
 mod faults;
 mod hygiene;
