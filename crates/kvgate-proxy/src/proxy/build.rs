@@ -42,7 +42,8 @@ impl Proxy {
             FlowControl::new(fc, metrics)
         });
         let cancel = CancellationToken::new();
-        let endpoints = EndpointRegistry::new(
+        let upstreams = super::upstream::Upstreams::new(&config)?;
+        let mut endpoints = EndpointRegistry::new(
             config.engines.clone(),
             RegistryHandles {
                 kv_index: kv_index.clone(),
@@ -50,6 +51,7 @@ impl Proxy {
                 cancel: cancel.clone(),
             },
         )?;
+        endpoints.set_tls_client_config(upstreams.tls_config());
         endpoints.register_conflict_metrics(registry);
         endpoints.reconcile(&config.endpoints)?;
         let handles = SchedulerHandles {
@@ -72,7 +74,6 @@ impl Proxy {
             ),
             None => None,
         };
-        let upstreams = super::upstream::Upstreams::new(&config)?;
         let listener_tls = match &config.tls {
             Some(tls) => Some(crate::tls::server_config(tls)?),
             None => None,

@@ -56,6 +56,11 @@ impl Upstreams {
         TlsConnector::from(self.tls_config.clone())
     }
 
+    /// The `https://` client settings (also used by the metrics scrapes).
+    pub(crate) fn tls_config(&self) -> Arc<rustls::ClientConfig> {
+        self.tls_config.clone()
+    }
+
     /// Sends `req` on the client for its scheme.
     pub(crate) fn request(&self, req: http::Request<Full<Bytes>>) -> ResponseFuture {
         if req.uri().scheme() == Some(&http::uri::Scheme::HTTPS) {

@@ -312,3 +312,39 @@ async fn unusable_tls_files_are_config_errors() {
         assert!(err.to_string().contains("missing.pem"), "{name}: {err}");
     }
 }
+
+/// An `https://` engine's `/metrics` is scraped over TLS with the same trust: the trusted
+/// engine's answer (the spy's 404) is read (`outcome="status"`), the untrusted one's
+/// connection fails (`outcome="connect"`).
+#[tokio::test]
+async fn https_engine_metrics_are_scraped_over_tls() {
+    let pki = pki("scrape");
+    let bad = untrusted(&pki.dir);
+    for (name, cert, outcome) in [
+        ("trusted", pki.server.server_config(), "status"),
+        ("untrusted", bad.server_config(), "connect"),
+    ] {
+        let spy = Spy::start_tls(Behavior::Json("{}".into()), cert).await;
+        let proxy = RunningProxy::start(ProxyConfig {
+            upstream_ca: Some(pki.ca_file.clone()),
+            ..config(&[spy.url()])
+        })
+        .await;
+        let line = format!(
+            "scrapes_total{{endpoint=\"{}\",outcome=\"{outcome}\"}}",
+            spy.addr
+        );
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let text = metrics(&proxy).await;
+            if text.contains(&line) {
+                break;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{name}: no {line} in\n{text}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
