@@ -64,6 +64,13 @@ async fn full_budget_refuses_the_next_body_until_requests_end() {
         "the in-flight body budget of 350000 bytes is exhausted (300000 held, 100000 more wanted)"
     );
     assert_eq!(spy.requests.try_recv().unwrap_err(), TryRecvError::Empty);
+
+    // A body larger than the whole budget could never fit: 413, not a 503 to retry.
+    let too_big = "x".repeat(HELD * BODY_BYTES + BODY_BYTES);
+    let (status, _, resp) = post_chat(&proxy, too_big).await;
+    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
+    assert_eq!(error_code(&resp), "body_too_large");
+
     let text = metrics(&proxy).await;
     for line in [
         "kvgate_body_budget_rejected_total 1".to_owned(),

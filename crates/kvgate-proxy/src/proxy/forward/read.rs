@@ -13,7 +13,8 @@ use crate::{
 };
 
 impl Proxy {
-    /// Reads the client's body: 413 beyond `max_body_bytes`, whether declared by
+    /// Reads the client's body: 413 beyond `max_body_bytes` (or the whole body budget, when
+    /// that is smaller), whether declared by
     /// `content-length` or found while reading; 408 when it has not all arrived within
     /// `timeouts.body_read` (a stalled upload or a trickle); 503 when it does not fit in the
     /// in-flight body budget (a declared length is reserved before reading, the rest as it
@@ -23,7 +24,9 @@ impl Proxy {
         headers: &HeaderMap,
         body: Incoming,
     ) -> Result<(Bytes, Reservation), ProxyError> {
-        let limit = self.config.max_body_bytes;
+        // A body larger than the whole budget could never fit: 413, not a 503 to retry.
+        let budget = usize::try_from(self.body_budget.limit()).unwrap_or(usize::MAX);
+        let limit = self.config.max_body_bytes.min(budget);
         let declared = headers
             .get(header::CONTENT_LENGTH)
             .and_then(|v| v.to_str().ok())
