@@ -1,7 +1,7 @@
 //! Accept loops: the proxy listener (HTTP/1.1 and h2c, or both over TLS with ALPN when
-//! `tls:` is set) and the admin listener (the `admin` routes), both behind an `Acceptor` that counts failed accepts
-//! (`kvgate_accept_errors_total{listener}`) and backs off after them, so running out of file
-//! descriptors pauses accepting instead of spinning a core.
+//! `tls:` is set) and the admin listener (the `admin` routes), both behind an `Acceptor`
+//! that counts failed accepts (`kvgate_accept_errors_total{listener}`) and backs off after
+//! them, so running out of file descriptors pauses accepting instead of spinning a core.
 
 use std::{future::Future, io, net::SocketAddr, sync::Arc, time::Duration};
 
