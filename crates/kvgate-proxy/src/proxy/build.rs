@@ -35,14 +35,16 @@ impl Proxy {
         config.validate()?;
         let kv_index = KvIndex::new(config.kv_index.clone(), KvMetrics::new(registry));
         let schedule_metrics = ScheduleMetrics::new(registry);
-        let tokenizer = TokenizeService::new(&config.tokenize, registry)?;
+        let upstreams = super::upstream::Upstreams::new(&config)?;
+        // `https://` render servers (the engines' own included) trust what the engines do.
+        let tokenizer =
+            TokenizeService::with_render_tls(&config.tokenize, registry, upstreams.tls_config())?;
         let metrics = ProxyMetrics::new(registry.sub_registry_with_prefix("kvgate"));
         let flow = config.flow_control.clone().map(|fc| {
             let metrics = FlowMetrics::new(registry.sub_registry_with_prefix("kvgate"));
             FlowControl::new(fc, metrics)
         });
         let cancel = CancellationToken::new();
-        let upstreams = super::upstream::Upstreams::new(&config)?;
         let mut endpoints = EndpointRegistry::new(
             config.engines.clone(),
             RegistryHandles {

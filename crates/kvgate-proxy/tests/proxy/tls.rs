@@ -348,3 +348,39 @@ async fn https_engine_metrics_are_scraped_over_tls() {
         }
     }
 }
+
+/// A render server on `https://` (named for the model) is called over TLS with the same
+/// trust as the engines, and receives exactly the bytes the engine then receives.
+#[tokio::test]
+async fn https_render_server_gets_the_sealed_bytes_over_tls() {
+    let pki = pki("render");
+    let mut render = Spy::start_tls(
+        Behavior::Json(r#"{"token_ids":[1,2,3]}"#.into()),
+        pki.server.server_config(),
+    )
+    .await;
+    let mut engine = Spy::start(Behavior::Json(r#"{"id":"x","choices":[]}"#.into())).await;
+    let mut cfg = ProxyConfig {
+        upstream_ca: Some(pki.ca_file.clone()),
+        ..config(&[engine.url()])
+    };
+    cfg.add_render_flag(&format!("{CANONICAL}={}", render.url()))
+        .unwrap();
+    let proxy = RunningProxy::start(cfg).await;
+    let (sent, forwarded) = chat_pair(200);
+    let (status, _, _) = post_chat(&proxy, sent).await;
+    assert_eq!(status, StatusCode::OK);
+    let rendered = render.next_request().await;
+    assert!(
+        rendered
+            .head
+            .starts_with("POST /v1/chat/completions/render HTTP/1.1\r\n"),
+        "{}",
+        rendered.head
+    );
+    assert!(
+        rendered.body == forwarded.as_bytes(),
+        "render got other bytes"
+    );
+    assert!(engine.next_request().await.body == forwarded.as_bytes());
+}
