@@ -16,10 +16,11 @@ mod file;
 mod tokenizer;
 
 pub use self::file::{
-    FileConfig, KvIndexSpec, ModelConfig, ReplicaSyncSpec, TierWeightsSpec, TimeoutsSpec,
-    TokenizePool, TokenizerSpec, UpstreamSpec,
+    FileConfig, KvIndexSpec, LimitsSpec, ModelConfig, ReplicaSyncSpec, TierWeightsSpec,
+    TimeoutsSpec, TlsSpec, TokenizePool, TokenizerSpec, UpstreamSpec,
 };
 pub use self::tokenizer::{ChainChoice, choose_chain};
+pub use crate::tls::ListenerTls;
 
 /// Proxy listen address when neither `--listen` nor `listen` sets one: `0.0.0.0:8080`.
 pub const DEFAULT_LISTEN: SocketAddr = SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 8080);
@@ -60,6 +61,9 @@ pub struct Timeouts {
 /// Default of [`ProxyConfig::max_prompt_bytes_tokenized`]: 1 MiB (about 250k tokens of
 /// English text, past any current model's context).
 pub const DEFAULT_MAX_PROMPT_BYTES_TOKENIZED: usize = 1 << 20;
+
+/// Default of [`ProxyConfig::max_inflight_body_bytes`]: 1 GiB.
+pub const DEFAULT_MAX_INFLIGHT_BODY_BYTES: u64 = 1 << 30;
 
 /// Default of [`Timeouts::header_read`].
 pub const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
@@ -120,6 +124,9 @@ pub enum ConfigError {
     /// An `ALIAS=MODEL` flag without `=`.
     #[error("alias flag `{0}` must be ALIAS=MODEL")]
     BadAliasFlag(String),
+    /// A TLS certificate, key or CA file is unusable.
+    #[error(transparent)]
+    Tls(#[from] crate::tls::TlsError),
     /// A `--render MODEL=URL` flag without `=`.
     #[error("render flag `{0}` must be MODEL=URL")]
     BadRenderFlag(String),
@@ -166,6 +173,18 @@ pub struct ProxyConfig {
     pub upstream_timeout: Duration,
     /// Largest accepted request body; larger gets 413.
     pub max_body_bytes: usize,
+    /// The request bodies all requests in flight may hold in memory together, in bytes
+    /// (YAML `limits.max_inflight_body_bytes`, `--max-inflight-body-bytes`; default
+    /// [`DEFAULT_MAX_INFLIGHT_BODY_BYTES`]). A body is counted from its first byte read until
+    /// its request ends; one that would go over gets 503 with `Retry-After`
+    /// (`body_budget_exhausted`).
+    pub max_inflight_body_bytes: u64,
+    /// TLS on the proxy listener (YAML `tls:`, `--tls-cert` and `--tls-key`; `None`: plain
+    /// HTTP/1.1 and h2c).
+    pub tls: Option<ListenerTls>,
+    /// Extra CA certificates (PEM) trusted for `https://` endpoints besides the system's
+    /// roots (YAML `upstream.ca_file`, `--upstream-ca`).
+    pub upstream_ca: Option<std::path::PathBuf>,
     /// How often each endpoint's `/v1/models` is refreshed (`None`: only on demand).
     pub models_refresh: Option<Duration>,
     /// Per-model tokenizer chains and the tokenizer pool.
@@ -227,6 +246,9 @@ impl Default for ProxyConfig {
             retries: 2,
             upstream_timeout: Duration::from_secs(600),
             max_body_bytes: 32 << 20,
+            max_inflight_body_bytes: DEFAULT_MAX_INFLIGHT_BODY_BYTES,
+            tls: None,
+            upstream_ca: None,
             models_refresh: Some(Duration::from_secs(30)),
             tokenize: TokenizeConfig::default(),
             engines: RegistryConfig::default(),
@@ -260,6 +282,16 @@ impl ProxyConfig {
         self.kv_index = file.kv_index.to_index_config();
         self.connect_timeout = Duration::from_millis(file.upstream.connect_timeout_ms);
         self.pool_idle_timeout = Duration::from_millis(file.upstream.pool_idle_timeout_ms);
+        if file.upstream.ca_file.is_some() {
+            self.upstream_ca.clone_from(&file.upstream.ca_file);
+        }
+        if let Some(tls) = &file.tls {
+            self.tls = Some(ListenerTls {
+                cert_file: tls.cert_file.clone(),
+                key_file: tls.key_file.clone(),
+            });
+        }
+        self.max_inflight_body_bytes = file.limits.max_inflight_body_bytes;
         if let Some(sync) = &file.replica_sync {
             self.replica_sync = Some(sync.to_sync_config());
         }
@@ -355,6 +387,11 @@ impl ProxyConfig {
                 POSITIVE,
             ),
             (self.timeouts.idle.is_zero(), "timeouts.idle_ms", POSITIVE),
+            (
+                self.max_inflight_body_bytes == 0,
+                "limits.max_inflight_body_bytes",
+                POSITIVE,
+            ),
             (
                 self.max_prompt_bytes_tokenized == 0,
                 "tokenize.max_prompt_bytes_tokenized",

@@ -109,6 +109,10 @@ pub enum ProxyError {
         /// The `Retry-After` value, in seconds.
         retry_after_s: u64,
     },
+    /// The request bodies in flight hold `limits.max_inflight_body_bytes` already; this one
+    /// does not fit (503 with `Retry-After`).
+    #[error(transparent)]
+    BodyBudgetExhausted(#[from] crate::budget::BudgetExhausted),
     /// The engine failed after sending response headers but before kvgate could read the body.
     #[error("endpoint {endpoint}: response body failed: {reason}")]
     UpstreamBody {
@@ -129,7 +133,9 @@ impl ProxyError {
             ProxyError::ModelNotServed(_) | ProxyError::NotFound { .. } => StatusCode::NOT_FOUND,
             ProxyError::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
             ProxyError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            ProxyError::NoHealthyEndpoint { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            ProxyError::NoHealthyEndpoint { .. } | ProxyError::BodyBudgetExhausted(_) => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             ProxyError::UpstreamUnavailable { .. } | ProxyError::UpstreamBody { .. } => {
                 StatusCode::BAD_GATEWAY
             }
@@ -152,7 +158,8 @@ impl ProxyError {
             | ProxyError::UnsupportedMediaType(_) => Origin::Client,
             ProxyError::NoHealthyEndpoint { .. }
             | ProxyError::UpstreamUri { .. }
-            | ProxyError::Overloaded { .. } => Origin::Internal,
+            | ProxyError::Overloaded { .. }
+            | ProxyError::BodyBudgetExhausted(_) => Origin::Internal,
             ProxyError::UpstreamUnavailable { .. }
             | ProxyError::UpstreamTimeout { .. }
             | ProxyError::UpstreamBody { .. } => Origin::Engine,
@@ -175,6 +182,7 @@ impl ProxyError {
             ProxyError::UpstreamTimeout { .. } => "upstream_timeout",
             ProxyError::UpstreamBody { .. } => "upstream_body_error",
             ProxyError::UpstreamUri { .. } => "upstream_uri_error",
+            ProxyError::BodyBudgetExhausted(_) => "body_budget_exhausted",
             ProxyError::Overloaded { reason, .. } => match reason {
                 RejectReason::Saturated => "flow_control_saturated",
                 RejectReason::Sheddable => "flow_control_sheddable",
@@ -255,14 +263,19 @@ impl ProxyError {
         resp
     }
 
-    /// The `Retry-After` value (seconds) the response carries: flow-control rejections.
+    /// The `Retry-After` value (seconds) the response carries: flow-control rejections and
+    /// an exhausted body budget.
     pub fn retry_after(&self) -> Option<u64> {
         match self {
             ProxyError::Overloaded { retry_after_s, .. } => Some(*retry_after_s),
+            ProxyError::BodyBudgetExhausted(_) => Some(BODY_BUDGET_RETRY_AFTER_S),
             _ => None,
         }
     }
 }
+
+/// `Retry-After` of a request refused for the body budget, in seconds.
+pub const BODY_BUDGET_RETRY_AFTER_S: u64 = 1;
 
 /// What a flow-control rejection tells the client.
 fn overload_message(reason: RejectReason) -> &'static str {

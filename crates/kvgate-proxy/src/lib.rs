@@ -9,6 +9,7 @@
 //!   schedule), the HTTP front door (read → pipeline → forward with retries) and the
 //!   response path (restore the alias, watch `usage`).
 //! - [`body`]: streamed response bodies and the per-request accounting guard.
+//! - [`budget`]: the global in-flight request body budget (`limits.max_inflight_body_bytes`).
 //! - [`models`]: model discovery and kvgate's own `GET /v1/models`.
 //! - [`admission`]: admission and flow control (in-flight limits, the priority/fairness
 //!   queue, 429s) and the permits that hold a request's slots.
@@ -19,11 +20,14 @@
 //! - [`server`]: accept loops (backing off after failed accepts) and graceful shutdown ([`run`]).
 //! - `admin`: the admin routes (`/health`, `/ready`, `/metrics`, `/debug/state[.json]`) and the
 //!   `/debug/state` page template.
+//! - [`tls`]: rustls server config of the proxy listener and client config of `https://`
+//!   endpoints.
 //! - `test_util` (feature `test-util`): a raw-socket spy engine and a proxy launcher.
 
 mod admin;
 pub mod admission;
 pub mod body;
+pub mod budget;
 pub mod config;
 pub mod decision_log;
 pub mod error;
@@ -34,6 +38,7 @@ pub mod proxy;
 pub mod server;
 #[cfg(any(test, feature = "test-util"))]
 pub mod test_util;
+pub mod tls;
 
 pub use kvgate_schedule::{EndpointConfig, SchedulerConfig};
 

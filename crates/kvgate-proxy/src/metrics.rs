@@ -96,6 +96,19 @@ pub struct ProxyMetrics {
     /// request completed because its match ended where they did (a sibling of a request in
     /// flight), extending the speculative holdings over the whole prompt.
     pub parked_prefix_completions: Counter,
+    /// `kvgate_inflight_body_bytes`: request body bytes held by requests in flight (see
+    /// [`crate::budget`]).
+    pub inflight_body_bytes: Gauge,
+    /// `kvgate_body_budget_rejected_total`: requests refused with 503 because their body
+    /// would take the in-flight bodies over `limits.max_inflight_body_bytes`.
+    pub body_budget_rejected: Counter,
+    /// `kvgate_upstream_tls_errors_total{endpoint}`: upstream attempts to an `https://`
+    /// endpoint that failed in TLS (an untrusted or mismatched certificate, a refused
+    /// handshake).
+    pub upstream_tls_errors: Family<EndpointLabels, Counter>,
+    /// `kvgate_tls_handshake_failures_total`: client connections to the TLS listener closed
+    /// because their handshake failed or did not finish within `timeouts.header_read_ms`.
+    pub tls_handshake_failures: Counter,
 }
 
 fn latency_histogram() -> Histogram {
@@ -122,6 +135,10 @@ impl ProxyMetrics {
             timeouts: Family::default(),
             tokenize_fallback: Family::default(),
             parked_prefix_completions: Counter::default(),
+            inflight_body_bytes: Gauge::default(),
+            body_budget_rejected: Counter::default(),
+            upstream_tls_errors: Family::default(),
+            tls_handshake_failures: Counter::default(),
         };
         registry.register(
             "requests",
@@ -187,6 +204,26 @@ impl ProxyMetrics {
             "tokenize_fallback",
             "Requests routed on load without tokenizing, by reason",
             m.tokenize_fallback.clone(),
+        );
+        registry.register(
+            "inflight_body_bytes",
+            "Request body bytes held in memory by requests in flight",
+            m.inflight_body_bytes.clone(),
+        );
+        registry.register(
+            "body_budget_rejected",
+            "Requests refused (503) because the in-flight body budget was exhausted",
+            m.body_budget_rejected.clone(),
+        );
+        registry.register(
+            "upstream_tls_errors",
+            "Upstream attempts that failed in TLS (certificate not trusted, handshake refused)",
+            m.upstream_tls_errors.clone(),
+        );
+        registry.register(
+            "tls_handshake_failures",
+            "Client connections whose TLS handshake failed or timed out",
+            m.tls_handshake_failures.clone(),
         );
         m
     }

@@ -57,7 +57,7 @@ impl Proxy {
             .body(Full::new(Bytes::new()))
             .map_err(|e| DiscoveryError::Request(e.to_string()))?;
         let fetch = async {
-            let resp = self.client.request(req).await.map_err(|e| {
+            let resp = self.upstreams.request(req).await.map_err(|e| {
                 if e.is_connect() {
                     DiscoveryError::Connect(e.to_string())
                 } else {
@@ -113,7 +113,7 @@ impl Proxy {
             .body(Full::new(Bytes::new()))
             .ok()?;
         let fetch = async {
-            let resp = self.client.request(req).await.ok()?;
+            let resp = self.upstreams.request(req).await.ok()?;
             if !resp.status().is_success() {
                 return None;
             }

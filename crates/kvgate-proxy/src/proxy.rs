@@ -14,6 +14,7 @@
 //! - `forward`: the HTTP front door: [`Proxy::handle`], the body read within
 //!   `max_body_bytes`, the retry loop over the pipeline's picks, one upstream attempt.
 //! - `respond`: the engine's response → the client's (model-name restore, `usage` watch).
+//! - `upstream`: the pooled upstream clients, plain and TLS, picked by the URI's scheme.
 //!
 //! Public for a second front door (the Envoy ext_proc server in `kvgate-epp`): [`routes`],
 //! [`request_id()`], [`Proxy::route`] → [`Routed`] → [`Proxy::admit`] (flow control) →
@@ -28,9 +29,6 @@ use std::{
 };
 
 use arc_swap::ArcSwap;
-use bytes::Bytes;
-use http_body_util::Full;
-use hyper_util::client::legacy::{Client, connect::HttpConnector};
 use kvgate_schedule::{EndpointRegistry, EndpointState, Scheduler, SchedulerHandles};
 use kvgate_tokenize::TokenizeService;
 use tokio_util::sync::CancellationToken;
@@ -49,6 +47,7 @@ mod pipeline;
 mod request_id;
 mod respond;
 pub mod routes;
+mod upstream;
 
 pub use self::{
     facts::PREFIX_TOKENS_START,
@@ -74,7 +73,12 @@ pub struct Proxy {
     scheduler: ArcSwap<Scheduler>,
     handles: SchedulerHandles,
     pub(crate) tokenizer: TokenizeService,
-    pub(crate) client: Client<HttpConnector, Full<Bytes>>,
+    /// The upstream clients (`http://` and `https://` endpoints).
+    pub(crate) upstreams: upstream::Upstreams,
+    /// The proxy listener's TLS (`None`: plain HTTP/1.1 and h2c).
+    pub(crate) listener_tls: Option<Arc<rustls::ServerConfig>>,
+    /// The in-flight request body budget.
+    pub(crate) body_budget: crate::budget::BodyBudget,
     pub(crate) metrics: ProxyMetrics,
     /// Each endpoint's `/v1/models` objects, by endpoint name.
     pub(crate) model_objects: Mutex<HashMap<String, Arc<Vec<serde_json::Value>>>>,
@@ -147,6 +151,11 @@ impl Proxy {
             tasks.push(tokio::spawn(self.clone().discovery_loop(every)));
         }
         Ok(SideTasks { tasks })
+    }
+
+    /// The in-flight request body budget (`limits.max_inflight_body_bytes`).
+    pub fn body_budget(&self) -> &crate::budget::BodyBudget {
+        &self.body_budget
     }
 
     /// The flow controller, when `flow_control` is configured.

@@ -1,7 +1,7 @@
-//! Accept loops: the proxy listener (HTTP/1.1 and h2c) and the admin listener (the `admin`
-//! routes), both behind an `Acceptor` that counts failed accepts
-//! (`kvgate_accept_errors_total{listener}`) and backs off after them, so running out of file
-//! descriptors pauses accepting instead of spinning a core.
+//! Accept loops: the proxy listener (HTTP/1.1 and h2c, or both over TLS with ALPN when
+//! `tls:` is set) and the admin listener (the `admin` routes), both behind an `Acceptor`
+//! that counts failed accepts (`kvgate_accept_errors_total{listener}`) and backs off after
+//! them, so running out of file descriptors pauses accepting instead of spinning a core.
 
 use std::{future::Future, io, net::SocketAddr, sync::Arc, time::Duration};
 
@@ -13,6 +13,7 @@ use hyper_util::{
 };
 use prometheus_client::{metrics::counter::Counter, registry::Registry};
 use tokio::net::{TcpListener, TcpStream};
+use tokio_rustls::TlsAcceptor;
 
 use crate::{
     Proxy,
@@ -68,7 +69,8 @@ pub async fn run(
     result
 }
 
-/// The proxy accept loop.
+/// The proxy accept loop. With TLS, each connection's handshake runs in its own task
+/// (bounded by `timeouts.header_read`); the plain path is the same as without TLS.
 async fn serve_proxy(
     mut listener: Acceptor,
     proxy: Arc<Proxy>,
@@ -80,6 +82,10 @@ async fn serve_proxy(
         .http1()
         .timer(TokioTimer::new())
         .header_read_timeout(timeouts.header_read);
+    let tls = proxy
+        .listener_tls
+        .clone()
+        .map(|config| (TlsAcceptor::from(config), Arc::new(builder.clone())));
     let phase = |phase| {
         proxy
             .metrics
@@ -88,6 +94,7 @@ async fn serve_proxy(
             .clone()
     };
     let (idle_timeouts, header_timeouts) = (phase("idle"), phase("header_read"));
+    let handshake_failures = proxy.metrics.tls_handshake_failures.clone();
     let graceful = GracefulShutdown::new();
     tokio::pin!(shutdown);
     loop {
@@ -119,20 +126,35 @@ async fn serve_proxy(
                 Ok::<_, std::convert::Infallible>(resp)
             }
         });
-        let conn = builder
-            .serve_connection(TokioIo::new(io), service)
-            .into_owned();
-        let conn = graceful.watch(conn);
         let header_timeouts = header_timeouts.clone();
+        let Some((acceptor, builder)) = &tls else {
+            let conn = builder
+                .serve_connection(TokioIo::new(io), service)
+                .into_owned();
+            let conn = graceful.watch(conn);
+            tokio::spawn(async move { connection_ended(conn.await, &header_timeouts, peer) });
+            continue;
+        };
+        let (handshake, builder) = (acceptor.accept(io), builder.clone());
+        let (watcher, failures) = (graceful.watcher(), handshake_failures.clone());
         tokio::spawn(async move {
-            if let Err(e) = conn.await {
-                if e.downcast_ref::<hyper::Error>()
-                    .is_some_and(hyper::Error::is_timeout)
-                {
-                    header_timeouts.inc();
+            let io = match tokio::time::timeout(timeouts.header_read, handshake).await {
+                Ok(Ok(io)) => io,
+                Ok(Err(e)) => {
+                    failures.inc();
+                    tracing::debug!(%peer, error = %e, "tls handshake failed");
+                    return;
                 }
-                tracing::debug!(%peer, error = %e, "client connection ended with an error");
-            }
+                Err(_) => {
+                    failures.inc();
+                    tracing::debug!(%peer, "tls handshake timed out");
+                    return;
+                }
+            };
+            let conn = builder
+                .serve_connection(TokioIo::new(io), service)
+                .into_owned();
+            connection_ended(watcher.watch(conn).await, &header_timeouts, peer);
         });
     }
     tracing::info!("shutting down: draining in-flight requests");
@@ -143,6 +165,23 @@ async fn serve_proxy(
         tracing::warn!("drain timed out; closing remaining connections");
     }
     Ok(())
+}
+
+/// Logs how a client connection ended; a head that did not arrive in time is counted in
+/// `header_timeouts`.
+fn connection_ended(
+    result: Result<(), Box<dyn std::error::Error + Send + Sync>>,
+    header_timeouts: &Counter,
+    peer: SocketAddr,
+) {
+    if let Err(e) = result {
+        if e.downcast_ref::<hyper::Error>()
+            .is_some_and(hyper::Error::is_timeout)
+        {
+            header_timeouts.inc();
+        }
+        tracing::debug!(%peer, error = %e, "client connection ended with an error");
+    }
 }
 
 /// A listener whose `accept` never fails: a failed accept is counted in

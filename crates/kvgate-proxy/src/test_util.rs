@@ -1,15 +1,16 @@
 //! Test helpers: a spy engine that records the raw bytes it receives, and the proxy launcher
 //! ([`RunningProxy`], from [`crate::loopback`]) with a panicking `start`.
 //!
-//! The spy speaks HTTP/1.1 over a raw TCP socket, so what it records is exactly what crossed
-//! the wire: no HTTP library in between normalizes anything.
+//! The spy speaks HTTP/1.1 over a raw TCP socket (or over TLS on it, [`Spy::start_tls`]),
+//! so what it records is exactly what crossed the wire: no HTTP library in between
+//! normalizes anything.
 
 use std::{net::SocketAddr, sync::Arc, time::Duration};
 
 use tokio::{
-    io::{AsyncReadExt, AsyncWriteExt},
-    net::{TcpListener, TcpStream},
-    sync::{mpsc, oneshot},
+    io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt},
+    net::TcpListener,
+    sync::{Semaphore, mpsc, oneshot},
 };
 
 use crate::ProxyConfig;
@@ -48,6 +49,14 @@ pub enum Behavior {
     },
     /// Never answers (holds the connection open).
     Silent,
+    /// Reports each request, then waits for a permit of `release` (one per request) and
+    /// answers `200` with this JSON body: requests held in flight until the test lets them go.
+    Gated {
+        /// One permit answers one request.
+        release: Arc<Semaphore>,
+        /// The JSON body of each answer.
+        body: String,
+    },
     /// Closes the connection right after reading the request, without a response byte.
     Reset,
     /// An engine with a body limit of `read_body` bytes (as axum's): a larger body is read
@@ -83,6 +92,8 @@ pub struct Spy {
     pub requests: mpsc::UnboundedReceiver<Captured>,
     /// Stream progress and disconnects.
     pub events: mpsc::UnboundedReceiver<SpyEvent>,
+    /// Speaks TLS.
+    https: bool,
     _stop: oneshot::Sender<()>,
 }
 
@@ -91,14 +102,28 @@ impl Spy {
     ///
     /// # Panics
     /// If it cannot bind a loopback port.
-    #[allow(clippy::expect_used)]
     pub async fn start(behavior: Behavior) -> Spy {
+        Spy::launch(behavior, None).await
+    }
+
+    /// Starts a spy that speaks HTTP/1.1 over TLS with `tls` (its certificate must name
+    /// `127.0.0.1`); it records the decrypted bytes. A failed handshake is dropped.
+    ///
+    /// # Panics
+    /// If it cannot bind a loopback port.
+    pub async fn start_tls(behavior: Behavior, tls: Arc<rustls::ServerConfig>) -> Spy {
+        Spy::launch(behavior, Some(tokio_rustls::TlsAcceptor::from(tls))).await
+    }
+
+    #[allow(clippy::expect_used)]
+    async fn launch(behavior: Behavior, tls: Option<tokio_rustls::TlsAcceptor>) -> Spy {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind spy");
         let addr = listener.local_addr().expect("spy addr");
         let (req_tx, requests) = mpsc::unbounded_channel();
         let (ev_tx, events) = mpsc::unbounded_channel();
         let (stop, mut stopped) = oneshot::channel();
         let behavior = Arc::new(behavior);
+        let https = tls.is_some();
         tokio::spawn(async move {
             loop {
                 let accepted = tokio::select! {
@@ -107,20 +132,34 @@ impl Spy {
                 };
                 let Ok((stream, _)) = accepted else { continue };
                 let (req_tx, ev_tx, behavior) = (req_tx.clone(), ev_tx.clone(), behavior.clone());
-                tokio::spawn(serve_conn(stream, behavior, req_tx, ev_tx));
+                match &tls {
+                    None => {
+                        tokio::spawn(serve_conn(stream, behavior, req_tx, ev_tx));
+                    }
+                    Some(acceptor) => {
+                        let handshake = acceptor.accept(stream);
+                        tokio::spawn(async move {
+                            if let Ok(stream) = handshake.await {
+                                serve_conn(stream, behavior, req_tx, ev_tx).await;
+                            }
+                        });
+                    }
+                }
             }
         });
         Spy {
             addr,
+            https,
             requests,
             events,
             _stop: stop,
         }
     }
 
-    /// The spy's base URL.
+    /// The spy's base URL (`https://` for [`Spy::start_tls`]).
     pub fn url(&self) -> String {
-        format!("http://{}", self.addr)
+        let scheme = if self.https { "https" } else { "http" };
+        format!("{scheme}://{}", self.addr)
     }
 
     /// Waits (up to 10 s) for the next captured request.
@@ -148,8 +187,8 @@ impl Spy {
     }
 }
 
-async fn serve_conn(
-    mut stream: TcpStream,
+async fn serve_conn<S: AsyncRead + AsyncWrite + Unpin>(
+    mut stream: S,
     behavior: Arc<Behavior>,
     req_tx: mpsc::UnboundedSender<Captured>,
     ev_tx: mpsc::UnboundedSender<SpyEvent>,
@@ -170,7 +209,7 @@ async fn serve_conn(
                 break head;
             }
             let resp = "HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\n\r\n";
-            if stream.write_all(resp.as_bytes()).await.is_err() {
+            if send(&mut stream, resp.as_bytes()).await.is_err() {
                 return;
             }
         };
@@ -196,7 +235,7 @@ async fn serve_conn(
             "HTTP/1.1 {status}\r\ncontent-type: application/json\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{body}",
             body.len()
         );
-        let _ = stream.write_all(resp.as_bytes()).await;
+        let _ = send(&mut stream, resp.as_bytes()).await;
         return;
     }
     loop {
@@ -206,7 +245,7 @@ async fn serve_conn(
         if captured.head.starts_with("GET /metrics ") {
             // The proxy's load scraper: answer without recording it.
             let resp = "HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\n\r\n";
-            if stream.write_all(resp.as_bytes()).await.is_err() {
+            if send(&mut stream, resp.as_bytes()).await.is_err() {
                 return;
             }
             continue;
@@ -224,7 +263,7 @@ async fn serve_conn(
                     "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
                     body.len()
                 );
-                if stream.write_all(resp.as_bytes()).await.is_err() {
+                if send(&mut stream, resp.as_bytes()).await.is_err() {
                     return;
                 }
             }
@@ -255,6 +294,19 @@ async fn serve_conn(
                     return;
                 }
             }
+            Behavior::Gated { release, body } => {
+                let Ok(permit) = release.acquire().await else {
+                    return;
+                };
+                permit.forget();
+                let resp = format!(
+                    "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+                    body.len()
+                );
+                if send(&mut stream, resp.as_bytes()).await.is_err() {
+                    return;
+                }
+            }
             Behavior::Silent => {
                 // Hold the connection until the peer goes away.
                 let mut sink = [0u8; 1024];
@@ -266,8 +318,14 @@ async fn serve_conn(
     }
 }
 
+/// Writes and flushes `bytes` (a TLS stream keeps written records until flushed).
+async fn send<S: AsyncWrite + Unpin>(stream: &mut S, bytes: &[u8]) -> std::io::Result<()> {
+    stream.write_all(bytes).await?;
+    stream.flush().await
+}
+
 /// Reads bytes into `buf` until it holds a whole request head; its length with the blank line.
-async fn read_until_head(stream: &mut TcpStream, buf: &mut Vec<u8>) -> Option<usize> {
+async fn read_until_head<S: AsyncRead + Unpin>(stream: &mut S, buf: &mut Vec<u8>) -> Option<usize> {
     loop {
         if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
             return Some(i + 4);
@@ -294,7 +352,7 @@ fn content_length(head: &str) -> usize {
 }
 
 /// Reads one HTTP/1.1 request (content-length framed) from `stream`.
-async fn read_request(stream: &mut TcpStream, buf: &mut Vec<u8>) -> Option<Captured> {
+async fn read_request<S: AsyncRead + Unpin>(stream: &mut S, buf: &mut Vec<u8>) -> Option<Captured> {
     let head_end = read_until_head(stream, buf).await?;
     let head = String::from_utf8_lossy(&buf[..head_end - 4]).into_owned();
     let len = content_length(&head);

@@ -181,7 +181,7 @@ pub struct BadUrl {
     pub reason: &'static str,
 }
 
-/// Splits `http://host:port[/prefix]` into scheme, authority and path prefix.
+/// Splits `http[s]://host:port[/prefix]` into scheme, authority and path prefix.
 pub(crate) fn split_url(
     url: &str,
 ) -> Result<(http::uri::Scheme, http::uri::Authority, String), BadUrl> {
@@ -191,8 +191,8 @@ pub(crate) fn split_url(
     };
     let uri: http::Uri = url.parse().map_err(|_| bad("not a valid URL"))?;
     let scheme = uri.scheme().cloned().ok_or_else(|| bad("missing scheme"))?;
-    if scheme != http::uri::Scheme::HTTP {
-        return Err(bad("only http:// endpoints are supported"));
+    if scheme != http::uri::Scheme::HTTP && scheme != http::uri::Scheme::HTTPS {
+        return Err(bad("only http:// and https:// endpoints are supported"));
     }
     let authority = uri
         .authority()
@@ -240,7 +240,7 @@ impl EndpointState {
     /// default [`HealthPolicy`], metrics stale after 500 ms, no scrape task.
     ///
     /// # Errors
-    /// [`BadUrl`] when `url` is not `http://host:port[/prefix]`.
+    /// [`BadUrl`] when `url` is not `http[s]://host:port[/prefix]`.
     pub fn detached(
         url: &str,
         kv_id: EndpointId,

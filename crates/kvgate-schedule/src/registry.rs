@@ -220,7 +220,7 @@ impl EndpointRegistry {
             config,
             handles,
             subscriber,
-            client: client(),
+            client: client(None),
             runtime,
             entries: Mutex::new(HashMap::new()),
             current: ArcSwap::from_pointee(Vec::new()),
@@ -229,6 +229,13 @@ impl EndpointRegistry {
             discovered: Mutex::new(HashMap::new()),
             conflicts: ConflictMetrics::default(),
         })
+    }
+
+    /// Scrapes of `https://` endpoints verify the engine's certificate with `config`
+    /// (without it they fail, counted as connect failures). Applies to endpoints added
+    /// after the call.
+    pub fn set_tls_client_config(&mut self, config: Arc<rustls::ClientConfig>) {
+        self.client = client(Some(config));
     }
 
     /// A registry of `urls` with no scraping and [`RegistryHandles::unregistered`] (tests,

@@ -7,8 +7,9 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Empty, Limited};
-use hyper_util::client::legacy::Client;
+use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
 use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::{Client, ResponseFuture};
 use hyper_util::rt::TokioExecutor;
 use kvgate_kvcache::KvIndex;
 use tokio_util::sync::CancellationToken;
@@ -20,16 +21,45 @@ use crate::prom::EngineMetrics;
 /// Largest `/metrics` body read.
 const MAX_METRICS_BODY: usize = 8 << 20;
 
-/// The HTTP client scrapes share.
-pub(crate) type ScrapeClient = Client<HttpConnector, Empty<Bytes>>;
+/// The HTTP clients scrapes share: plain for `http://` endpoints, rustls for `https://`
+/// ones (when the registry was given a TLS client config; without one such a scrape fails
+/// as a connect failure).
+#[derive(Debug, Clone)]
+pub(crate) struct ScrapeClient {
+    plain: Client<HttpConnector, Empty<Bytes>>,
+    tls: Option<Client<HttpsConnector<HttpConnector>, Empty<Bytes>>>,
+}
 
-pub(crate) fn client() -> ScrapeClient {
+impl ScrapeClient {
+    /// Sends `req` on the client for its scheme.
+    fn request(&self, req: http::Request<Empty<Bytes>>) -> Option<ResponseFuture> {
+        if req.uri().scheme() != Some(&http::uri::Scheme::HTTPS) {
+            return Some(self.plain.request(req));
+        }
+        self.tls.as_ref().map(|tls| tls.request(req))
+    }
+}
+
+pub(crate) fn client(tls: Option<Arc<rustls::ClientConfig>>) -> ScrapeClient {
     let mut connector = HttpConnector::new();
     connector.set_nodelay(true);
     connector.set_connect_timeout(Some(Duration::from_secs(1)));
-    Client::builder(TokioExecutor::new())
-        .pool_idle_timeout(Duration::from_secs(30))
-        .build(connector)
+    let pooled = || {
+        let mut builder = Client::builder(TokioExecutor::new());
+        builder.pool_idle_timeout(Duration::from_secs(30));
+        builder
+    };
+    let plain = pooled().build(connector.clone());
+    let tls = tls.map(|config| {
+        connector.enforce_http(false);
+        let https = HttpsConnectorBuilder::new()
+            .with_tls_config((*config).clone())
+            .https_only()
+            .enable_http1()
+            .wrap_connector(connector);
+        pooled().build(https)
+    });
+    ScrapeClient { plain, tls }
 }
 
 /// Why one scrape failed (`outcome` metric label).
@@ -114,6 +144,7 @@ impl ScrapeTask {
         let resp = self
             .client
             .request(req)
+            .ok_or(ScrapeFailure::Connect)?
             .await
             .map_err(|_| ScrapeFailure::Connect)?;
         if !resp.status().is_success() {

@@ -46,8 +46,11 @@ pub enum BuildError {
         #[source]
         source: LoadError,
     },
-    /// A render URL is not an absolute `http://` URL.
-    #[error("model {model}: render_url {url:?} is not an http:// url")]
+    /// A render URL is not an absolute `http://` URL (or `https://` one, given TLS
+    /// settings).
+    #[error(
+        "model {model}: render_url {url:?} is not an http:// url (or https:// with TLS settings)"
+    )]
     RenderUrl {
         /// The model.
         model: String,
@@ -121,6 +124,19 @@ impl TokenizerChain {
         cfg: &ModelTokenizerConfig,
         local: LocalOptions,
     ) -> Result<TokenizerChain, BuildError> {
+        TokenizerChain::from_config_with_tls(cfg, local, None)
+    }
+
+    /// Like [`TokenizerChain::from_config`]; an `https://` render URL is allowed and served
+    /// over rustls with `render_tls`.
+    ///
+    /// # Errors
+    /// As [`TokenizerChain::from_config`].
+    pub fn from_config_with_tls(
+        cfg: &ModelTokenizerConfig,
+        local: LocalOptions,
+        render_tls: Option<&Arc<rustls::ClientConfig>>,
+    ) -> Result<TokenizerChain, BuildError> {
         let tokenizer = match &cfg.tokenizer_dir {
             Some(dir) => Some(Arc::new(LocalTokenizer::load(dir, local).map_err(
                 |source| BuildError::Tokenizer {
@@ -133,17 +149,22 @@ impl TokenizerChain {
         };
         let render = match &cfg.render_url {
             Some(url) => {
-                if !url.starts_with("http://") || url.parse::<http::Uri>().is_err() {
+                let scheme_ok = url.starts_with("http://")
+                    || (render_tls.is_some() && url.starts_with("https://"));
+                if !scheme_ok || url.parse::<http::Uri>().is_err() {
                     return Err(BuildError::RenderUrl {
                         model: cfg.model.clone(),
                         url: url.clone(),
                     });
                 }
-                Some(Arc::new(RenderBackend::new(RenderOptions {
-                    url: url.clone(),
-                    timeout: cfg.render_timeout(),
-                    media_timeout: cfg.render_media_timeout(),
-                })))
+                Some(Arc::new(RenderBackend::with_tls(
+                    RenderOptions {
+                        url: url.clone(),
+                        timeout: cfg.render_timeout(),
+                        media_timeout: cfg.render_media_timeout(),
+                    },
+                    render_tls.cloned(),
+                )))
             }
             None => None,
         };
@@ -228,6 +249,8 @@ fn body_has_media(api: Api, body: &[u8]) -> bool {
 pub struct TokenizeService {
     chains: RwLock<HashMap<String, Arc<TokenizerChain>>>,
     local: LocalOptions,
+    /// TLS settings of `https://` render servers (`None`: `http://` only).
+    render_tls: Option<Arc<rustls::ClientConfig>>,
     pool: BlockingPool,
     metrics: TokenizeMetrics,
 }
@@ -252,12 +275,33 @@ impl TokenizeService {
         config: &TokenizeConfig,
         metrics: TokenizeMetrics,
     ) -> Result<TokenizeService, BuildError> {
+        Self::build(config, metrics, None)
+    }
+
+    /// Like [`TokenizeService::new`]; `https://` render URLs (configured, or added later
+    /// with [`TokenizeService::add_model`]) are served over rustls with `render_tls`.
+    ///
+    /// # Errors
+    /// As [`TokenizeService::new`].
+    pub fn with_render_tls(
+        config: &TokenizeConfig,
+        registry: &mut Registry,
+        render_tls: Arc<rustls::ClientConfig>,
+    ) -> Result<TokenizeService, BuildError> {
+        Self::build(config, TokenizeMetrics::new(registry), Some(render_tls))
+    }
+
+    fn build(
+        config: &TokenizeConfig,
+        metrics: TokenizeMetrics,
+        render_tls: Option<Arc<rustls::ClientConfig>>,
+    ) -> Result<TokenizeService, BuildError> {
         let local = LocalOptions {
             prefix_cache_max_tokens: config.prefix_cache_max_tokens,
         };
         let mut chains = HashMap::new();
         for m in &config.models {
-            let chain = TokenizerChain::from_config(m, local)?;
+            let chain = TokenizerChain::from_config_with_tls(m, local, render_tls.as_ref())?;
             if chains.insert(m.model.clone(), Arc::new(chain)).is_some() {
                 return Err(BuildError::DuplicateModel(m.model.clone()));
             }
@@ -275,6 +319,7 @@ impl TokenizeService {
         Ok(TokenizeService {
             chains: RwLock::new(chains),
             local,
+            render_tls,
             pool,
             metrics,
         })
@@ -302,6 +347,7 @@ impl TokenizeService {
             local: LocalOptions {
                 prefix_cache_max_tokens: TokenizeConfig::default().prefix_cache_max_tokens,
             },
+            render_tls: None,
             pool,
             metrics,
         })
@@ -325,7 +371,11 @@ impl TokenizeService {
         if self.chain(&cfg.model).is_some() {
             return Ok(false);
         }
-        let chain = Arc::new(TokenizerChain::from_config(cfg, self.local)?);
+        let chain = Arc::new(TokenizerChain::from_config_with_tls(
+            cfg,
+            self.local,
+            self.render_tls.as_ref(),
+        )?);
         let mut chains = self.chains.write().unwrap_or_else(PoisonError::into_inner);
         if chains.contains_key(&cfg.model) {
             return Ok(false);

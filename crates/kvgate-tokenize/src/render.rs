@@ -1,14 +1,16 @@
 //! The render backend: POST the sealed request bytes, unchanged, to the engine's
 //! `/v1/{chat/completions,completions,messages,responses}/render` and read `token_ids`
 //! plus `features.mm_hashes` / `features.mm_placeholders`. One pooled keep-alive
-//! hyper-util client per backend; a timeout per call (text vs media).
+//! hyper-util client per backend (rustls for an `https://` server given a TLS client
+//! config); a timeout per call (text vs media).
 
-use std::time::Duration;
+use std::{sync::Arc, time::Duration};
 
 use bytes::Bytes;
 use http_body_util::{BodyExt as _, Full};
-use hyper_util::client::legacy::Client;
+use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
 use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::{Client, ResponseFuture};
 use hyper_util::rt::TokioExecutor;
 use kvgate_request::Api;
 use serde_json::Value;
@@ -41,7 +43,23 @@ impl RenderOptions {
 #[derive(Debug, Clone)]
 pub struct RenderBackend {
     opts: RenderOptions,
-    client: Client<HttpConnector, Full<Bytes>>,
+    client: RenderClient,
+}
+
+/// The pooled client of one render server: plain, or rustls for `https://`.
+#[derive(Debug, Clone)]
+enum RenderClient {
+    Plain(Client<HttpConnector, Full<Bytes>>),
+    Tls(Client<HttpsConnector<HttpConnector>, Full<Bytes>>),
+}
+
+impl RenderClient {
+    fn request(&self, req: http::Request<Full<Bytes>>) -> ResponseFuture {
+        match self {
+            RenderClient::Plain(client) => client.request(req),
+            RenderClient::Tls(client) => client.request(req),
+        }
+    }
 }
 
 /// The render path for an API, if it has one.
@@ -60,12 +78,31 @@ const MAX_ERROR_BODY: usize = 1024;
 impl RenderBackend {
     /// Builds the pooled client (no connection is made yet).
     pub fn new(opts: RenderOptions) -> RenderBackend {
+        RenderBackend::with_tls(opts, None)
+    }
+
+    /// Like [`RenderBackend::new`]; an `https://` URL is served over rustls with `tls` (its
+    /// roots verify the server's certificate). Without `tls` every URL gets the plain
+    /// client, on which an `https://` call fails (`RenderUnreachable`).
+    pub fn with_tls(opts: RenderOptions, tls: Option<Arc<rustls::ClientConfig>>) -> RenderBackend {
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
-        let client = Client::builder(TokioExecutor::new())
+        let mut builder = Client::builder(TokioExecutor::new());
+        builder
             .pool_idle_timeout(Duration::from_secs(90))
-            .pool_max_idle_per_host(32)
-            .build(connector);
+            .pool_max_idle_per_host(32);
+        let client = match tls {
+            Some(tls) if opts.url.starts_with("https://") => {
+                connector.enforce_http(false);
+                let https = HttpsConnectorBuilder::new()
+                    .with_tls_config((*tls).clone())
+                    .https_only()
+                    .enable_http1()
+                    .wrap_connector(connector);
+                RenderClient::Tls(builder.build(https))
+            }
+            _ => RenderClient::Plain(builder.build(connector)),
+        };
         RenderBackend { opts, client }
     }
 

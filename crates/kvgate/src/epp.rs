@@ -23,7 +23,9 @@ const DEFAULT_EPP_LISTEN: SocketAddr =
     )),
     after_help = "Envoy forwards the request, so --retries, --upstream-timeout, \
         --upstream-connect-timeout and --upstream-pool-idle-timeout do not apply; Envoy's \
-        retry policy can use the fallbacks kvgate lists in the envoy.lb metadata."
+        retry policy can use the fallbacks kvgate lists in the envoy.lb metadata. The gRPC \
+        listener is plain h2c: --tls-cert and --tls-key (YAML tls:) do not apply, nor does \
+        --max-inflight-body-bytes (the HTTP proxy's body budget)."
 )]
 pub(crate) struct EppArgs {
     #[command(flatten)]
@@ -41,6 +43,11 @@ pub(crate) fn main(args: EppArgs) -> anyhow::Result<()> {
     } = args;
     let (file, text) = serve::read_config_file(&serve_args)?;
     let config = serve::proxy_config(&serve_args, &file)?;
+    if config.tls.is_some() {
+        tracing::warn!(
+            "tls (--tls-cert/--tls-key) applies to the HTTP proxy port of `kvgate serve`; the ext_proc listener is plain h2c"
+        );
+    }
     let (_, admin_listen) = serve::listen_addrs(&serve_args, &file);
     let listen = serve_args.listen.unwrap_or(DEFAULT_EPP_LISTEN);
     let runtime = tokio::runtime::Builder::new_multi_thread()

@@ -69,6 +69,22 @@ pub(crate) struct ServeArgs {
     /// Largest accepted request body in bytes; larger gets 413.
     #[arg(long, default_value_t = 32 << 20)]
     max_body_bytes: usize,
+    /// Request bodies all requests in flight may hold in memory together, in bytes; a body
+    /// that does not fit gets 503 with Retry-After [default: the config's
+    /// `limits.max_inflight_body_bytes`, else 1073741824 (1 GiB)].
+    #[arg(long, value_name = "BYTES")]
+    max_inflight_body_bytes: Option<u64>,
+    /// Serve the proxy port over TLS (HTTP/1.1 and h2 by ALPN) with this PEM certificate
+    /// chain; needs --tls-key [default: the config's `tls.cert_file`, else plain HTTP].
+    #[arg(long, value_name = "FILE", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// The PEM private key of --tls-cert [default: the config's `tls.key_file`].
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// PEM file of CA certificates trusted for https:// endpoints besides the system's roots
+    /// [default: the config's `upstream.ca_file`, else the system's roots only].
+    #[arg(long, value_name = "FILE")]
+    upstream_ca: Option<PathBuf>,
     /// How often to refresh each endpoint's /v1/models (0s disables background refresh).
     #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
     models_refresh: Duration,
@@ -262,6 +278,18 @@ pub(crate) fn proxy_config(args: &ServeArgs, file: &FileConfig) -> anyhow::Resul
     config.retries = args.retries;
     config.upstream_timeout = args.upstream_timeout;
     config.max_body_bytes = args.max_body_bytes;
+    if let Some(bytes) = args.max_inflight_body_bytes {
+        config.max_inflight_body_bytes = bytes;
+    }
+    if let (Some(cert_file), Some(key_file)) = (&args.tls_cert, &args.tls_key) {
+        config.tls = Some(kvgate_proxy::config::ListenerTls {
+            cert_file: cert_file.clone(),
+            key_file: key_file.clone(),
+        });
+    }
+    if let Some(ca) = &args.upstream_ca {
+        config.upstream_ca = Some(ca.clone());
+    }
     config.models_refresh = Some(args.models_refresh).filter(|d| !d.is_zero());
     if let Some(timeout) = args.upstream_connect_timeout {
         config.connect_timeout = timeout;

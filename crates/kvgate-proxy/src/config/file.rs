@@ -10,8 +10,8 @@ use kvgate_tokenize::{BackendKind, TokenizeConfig};
 use serde::Deserialize;
 
 use super::{
-    ConfigError, DEFAULT_CONNECT_TIMEOUT, DEFAULT_MAX_PROMPT_BYTES_TOKENIZED,
-    DEFAULT_POOL_IDLE_TIMEOUT, Timeouts,
+    ConfigError, DEFAULT_CONNECT_TIMEOUT, DEFAULT_MAX_INFLIGHT_BODY_BYTES,
+    DEFAULT_MAX_PROMPT_BYTES_TOKENIZED, DEFAULT_POOL_IDLE_TIMEOUT, Timeouts,
 };
 #[cfg(doc)]
 use super::{DEFAULT_ADMIN_LISTEN, DEFAULT_LISTEN, ProxyConfig};
@@ -25,6 +25,12 @@ pub struct FileConfig {
     /// Admin listen address (`/health`, `/ready`, `/metrics`, `/debug/state`); defaults to
     /// [`DEFAULT_ADMIN_LISTEN`] (`127.0.0.1:9090`).
     pub admin_listen: Option<SocketAddr>,
+    /// TLS on the proxy listener (absent: plain HTTP/1.1 and h2c; read at startup).
+    #[serde(default)]
+    pub tls: Option<TlsSpec>,
+    /// Limits on what requests in flight hold (read at startup).
+    #[serde(default)]
+    pub limits: LimitsSpec,
     /// Engine endpoints (`url`, `labels`, `kv_events`, `kv_replay`, `model`, `block_size`).
     #[serde(default)]
     pub endpoints: Vec<EndpointConfig>,
@@ -82,6 +88,45 @@ pub struct FileConfig {
     /// (absent: off; read at startup). See [`crate::admission::FlowControlConfig`].
     #[serde(default)]
     pub flow_control: Option<crate::admission::FlowControlConfig>,
+}
+
+/// `tls:`: the proxy listener's certificate chain and key, PEM files. With it the proxy
+/// port speaks only TLS, HTTP/1.1 and h2 by ALPN.
+///
+/// ```yaml
+/// tls:
+///   cert_file: /etc/kvgate/tls.crt
+///   key_file: /etc/kvgate/tls.key
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TlsSpec {
+    /// The certificate chain, leaf first.
+    pub cert_file: PathBuf,
+    /// The private key (PKCS#8, PKCS#1 or SEC1).
+    pub key_file: PathBuf,
+}
+
+/// `limits:`: what requests in flight may hold together.
+///
+/// ```yaml
+/// limits:
+///   max_inflight_body_bytes: 1073741824
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LimitsSpec {
+    /// Request bodies held in memory by all requests in flight, in bytes (default 1 GiB;
+    /// must be greater than 0). See [`ProxyConfig::max_inflight_body_bytes`].
+    pub max_inflight_body_bytes: u64,
+}
+
+impl Default for LimitsSpec {
+    fn default() -> Self {
+        Self {
+            max_inflight_body_bytes: DEFAULT_MAX_INFLIGHT_BODY_BYTES,
+        }
+    }
 }
 
 /// `timeouts:`: how long each phase may take, in milliseconds (each must be greater than
@@ -262,6 +307,7 @@ impl Default for TierWeightsSpec {
 /// upstream:
 ///   connect_timeout_ms: 5000
 ///   pool_idle_timeout_ms: 90000
+///   ca_file: /etc/kvgate/engines-ca.pem   # optional
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -272,6 +318,9 @@ pub struct UpstreamSpec {
     /// How long an idle pooled connection to an engine is kept, in milliseconds (default
     /// 90000; must be greater than 0).
     pub pool_idle_timeout_ms: u64,
+    /// PEM file of CA certificates trusted for `https://` endpoints besides the system's
+    /// roots (absent: the system's roots only).
+    pub ca_file: Option<PathBuf>,
 }
 
 impl Default for UpstreamSpec {
@@ -279,6 +328,7 @@ impl Default for UpstreamSpec {
         Self {
             connect_timeout_ms: DEFAULT_CONNECT_TIMEOUT.as_millis() as u64,
             pool_idle_timeout_ms: DEFAULT_POOL_IDLE_TIMEOUT.as_millis() as u64,
+            ca_file: None,
         }
     }
 }

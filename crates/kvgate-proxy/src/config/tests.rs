@@ -140,7 +140,11 @@ fn kv_index_and_upstream_sections() {
 /// Each row sets one value out of range; the error names exactly that field.
 #[test]
 fn out_of_range_settings_name_their_field() {
-    let cases: [(&str, &str); 7] = [
+    let cases: [(&str, &str); 8] = [
+        (
+            "limits: { max_inflight_body_bytes: 0 }",
+            "limits.max_inflight_body_bytes",
+        ),
         (
             "upstream: { connect_timeout_ms: 0 }",
             "upstream.connect_timeout_ms",
@@ -194,6 +198,51 @@ fn out_of_range_settings_name_their_field() {
         "config: upstream.connect_timeout_ms: must be greater than 0; \
          upstream.pool_idle_timeout_ms: must be greater than 0"
     );
+}
+
+/// `tls:` needs both files and no other key; `limits:` and `upstream.ca_file` reach the
+/// runtime config; nothing set keeps plain HTTP and the 1 GiB budget.
+#[test]
+fn tls_limits_and_upstream_ca_sections() {
+    let yaml = "tls: { cert_file: /c.pem, key_file: /k.pem }\n\
+                limits: { max_inflight_body_bytes: 4096 }\n\
+                upstream: { ca_file: /ca.pem }\n";
+    let mut cfg = ProxyConfig::default();
+    cfg.merge_file(&FileConfig::from_yaml(yaml).unwrap())
+        .unwrap();
+    assert_eq!(
+        cfg.tls,
+        Some(ListenerTls {
+            cert_file: "/c.pem".into(),
+            key_file: "/k.pem".into(),
+        })
+    );
+    assert_eq!(cfg.max_inflight_body_bytes, 4096);
+    assert_eq!(cfg.upstream_ca, Some(PathBuf::from("/ca.pem")));
+
+    let mut plain = ProxyConfig::default();
+    plain
+        .merge_file(&FileConfig::from_yaml("{}").unwrap())
+        .unwrap();
+    assert_eq!(
+        (plain.tls, plain.upstream_ca, plain.max_inflight_body_bytes),
+        (None, None, DEFAULT_MAX_INFLIGHT_BODY_BYTES)
+    );
+
+    for (yaml, names) in [
+        ("tls: { cert_file: /c.pem }", "missing field `key_file`"),
+        (
+            "tls: { cert_file: /c.pem, key_file: /k.pem, ca: x }",
+            "unknown field `ca`",
+        ),
+        (
+            "limits: { max_body_bytes: 1 }",
+            "unknown field `max_body_bytes`",
+        ),
+    ] {
+        let err = FileConfig::from_yaml(yaml).unwrap_err().to_string();
+        assert!(err.contains(names), "{yaml}: {err}");
+    }
 }
 
 #[test]

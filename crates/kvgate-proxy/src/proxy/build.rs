@@ -3,10 +3,6 @@
 use std::sync::{Arc, Mutex};
 
 use arc_swap::ArcSwap;
-use bytes::Bytes;
-use http_body_util::Full;
-use hyper_util::client::legacy::{Client, connect::HttpConnector};
-use hyper_util::rt::{TokioExecutor, TokioTimer};
 use kvgate_kvcache::{KvIndex, KvMetrics};
 use kvgate_schedule::{
     EndpointConfig, EndpointRegistry, RegistryHandles, ScheduleMetrics, Scheduler, SchedulerConfig,
@@ -39,14 +35,17 @@ impl Proxy {
         config.validate()?;
         let kv_index = KvIndex::new(config.kv_index.clone(), KvMetrics::new(registry));
         let schedule_metrics = ScheduleMetrics::new(registry);
-        let tokenizer = TokenizeService::new(&config.tokenize, registry)?;
+        let upstreams = super::upstream::Upstreams::new(&config)?;
+        // `https://` render servers (the engines' own included) trust what the engines do.
+        let tokenizer =
+            TokenizeService::with_render_tls(&config.tokenize, registry, upstreams.tls_config())?;
         let metrics = ProxyMetrics::new(registry.sub_registry_with_prefix("kvgate"));
         let flow = config.flow_control.clone().map(|fc| {
             let metrics = FlowMetrics::new(registry.sub_registry_with_prefix("kvgate"));
             FlowControl::new(fc, metrics)
         });
         let cancel = CancellationToken::new();
-        let endpoints = EndpointRegistry::new(
+        let mut endpoints = EndpointRegistry::new(
             config.engines.clone(),
             RegistryHandles {
                 kv_index: kv_index.clone(),
@@ -54,6 +53,7 @@ impl Proxy {
                 cancel: cancel.clone(),
             },
         )?;
+        endpoints.set_tls_client_config(upstreams.tls_config());
         endpoints.register_conflict_metrics(registry);
         endpoints.reconcile(&config.endpoints)?;
         let handles = SchedulerHandles {
@@ -76,7 +76,15 @@ impl Proxy {
             ),
             None => None,
         };
-        let client = upstream_client(&config);
+        let listener_tls = match &config.tls {
+            Some(tls) => Some(crate::tls::server_config(tls)?),
+            None => None,
+        };
+        let body_budget = crate::budget::BodyBudget::new(
+            config.max_inflight_body_bytes,
+            metrics.inflight_body_bytes.clone(),
+            metrics.body_budget_rejected.clone(),
+        );
         let replica_metrics = config
             .replica_sync
             .as_ref()
@@ -92,7 +100,9 @@ impl Proxy {
             scheduler: ArcSwap::from_pointee(scheduler),
             handles,
             tokenizer,
-            client,
+            upstreams,
+            listener_tls,
+            body_budget,
             metrics,
             model_objects: Mutex::default(),
             chains_decided: Mutex::default(),
@@ -126,17 +136,6 @@ impl Proxy {
         tracing::info!(added = ?report.added, removed = ?report.removed, kept = report.kept.len(), "config reloaded");
         Ok(())
     }
-}
-
-/// The pooled keep-alive client every upstream request (and model discovery) goes through.
-fn upstream_client(config: &ProxyConfig) -> Client<HttpConnector, Full<Bytes>> {
-    let mut connector = HttpConnector::new();
-    connector.set_nodelay(true);
-    connector.set_connect_timeout(Some(config.connect_timeout));
-    Client::builder(TokioExecutor::new())
-        .pool_idle_timeout(config.pool_idle_timeout)
-        .pool_timer(TokioTimer::new())
-        .build(connector)
 }
 
 #[cfg(test)]

@@ -5,14 +5,15 @@
 //! until an engine answers with headers (a connect failure or a reset before any response
 //! byte moves on to the next pick, up to `retries` times), and passes the answer to the
 //! response path. An engine that answers before it has read a large body (a 413) and closes
-//! has its answer passed on, not taken for a failure (`upload`). The body read is bounded by
-//! `timeouts.body_read` (408).
+//! has its answer passed on, not taken for a failure (`upload`). The body read (`read`) is
+//! bounded by `timeouts.body_read` (408) and reserves its bytes in the in-flight body budget
+//! (503) until the engine's response headers arrive.
 
 use std::{sync::Arc, time::Instant};
 
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Method, Response, StatusCode, header};
-use http_body_util::{BodyExt, Full, Limited};
+use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use kvgate_request::{Api, SealedRequest};
 use kvgate_schedule::EndpointState;
@@ -24,6 +25,7 @@ use super::{
     request_id::request_id,
     respond::{json_response, upstream_headers},
     routes::{self, Refusal, Route},
+    upstream,
 };
 use crate::{
     admission::{Held, HeldBody},
@@ -32,7 +34,10 @@ use crate::{
     metrics::{ApiLabels, EndpointLabels, ErrorLabels},
 };
 
+mod read;
 mod upload;
+
+use self::upload::Failed;
 
 /// One upstream attempt's failure.
 enum AttemptError {
@@ -134,10 +139,13 @@ impl Proxy {
     ) -> Result<Response<ProxyBody>, (ProxyError, RequestGuard)> {
         let api = route.api();
         let (parts, body) = req.into_parts();
-        let routed = match self.read_body(&parts.headers, body).await {
-            Ok(bytes) => self.route(route, bytes, &parts.headers, request_id).await,
-            Err(e) => Err(e),
+        // The body's share of the in-flight budget, given back when this function returns
+        // (the sealed bytes are dropped with `routed`) or its future is dropped.
+        let (bytes, _reservation) = match self.read_body(&parts.headers, body).await {
+            Ok(read) => read,
+            Err(e) => return Err((e, guard)),
         };
+        let routed = self.route(route, bytes, &parts.headers, request_id).await;
         let mut routed = match routed {
             Ok(routed) => routed,
             Err(e) => return Err((e, guard)),
@@ -165,36 +173,6 @@ impl Proxy {
             return Ok(resp);
         }
         Ok(resp.map(|body| HeldBody::new(body, held).boxed()))
-    }
-
-    /// Reads the client's body: 413 beyond `max_body_bytes`, whether declared by
-    /// `content-length` or found while reading; 408 when it has not all arrived within
-    /// `timeouts.body_read` (a stalled upload or a trickle).
-    async fn read_body(&self, headers: &HeaderMap, body: Incoming) -> Result<Bytes, ProxyError> {
-        let limit = self.config.max_body_bytes;
-        let declared = headers
-            .get(header::CONTENT_LENGTH)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.parse::<u64>().ok());
-        if declared.is_some_and(|len| len > limit as u64) {
-            return Err(ProxyError::BodyTooLarge { limit });
-        }
-        let timeout = self.config.timeouts.body_read;
-        let Ok(collected) =
-            tokio::time::timeout(timeout, Limited::new(body, limit).collect()).await
-        else {
-            self.metrics.timed_out("body_read");
-            return Err(ProxyError::BodyTimeout {
-                timeout_ms: timeout.as_millis(),
-            });
-        };
-        match collected {
-            Ok(collected) => Ok(collected.to_bytes()),
-            Err(e) if e.is::<http_body_util::LengthLimitError>() => {
-                Err(ProxyError::BodyTooLarge { limit })
-            }
-            Err(e) => Err(ProxyError::ClientBody(e.to_string())),
-        }
     }
 
     /// Sends to the pipeline's picks until an endpoint answers with headers, within the retry
@@ -278,12 +256,17 @@ impl Proxy {
         let timeout = self.config.upstream_timeout;
         let sent = async {
             if sealed.body().len() >= upload::DEDICATED_UPLOAD_BYTES {
-                upload::send_dedicated(req, self.config.connect_timeout).await
+                upload::send_dedicated(
+                    req,
+                    self.config.connect_timeout,
+                    &self.upstreams.tls_connector(),
+                )
+                .await
             } else {
-                self.client
-                    .request(req)
-                    .await
-                    .map_err(|e| upload::chain(&e))
+                self.upstreams.request(req).await.map_err(|e| Failed {
+                    tls: upstream::is_tls_error(&e),
+                    reason: upload::chain(&e),
+                })
             }
         };
         match tokio::time::timeout(timeout, sent).await {
@@ -294,7 +277,17 @@ impl Proxy {
                     timeout_ms: timeout.as_millis(),
                 }
             })),
-            Ok(Err(reason)) => Err(AttemptError::Retryable(reason)),
+            Ok(Err(Failed { reason, tls })) => {
+                if tls {
+                    self.metrics
+                        .upstream_tls_errors
+                        .get_or_create(&EndpointLabels {
+                            endpoint: ep.name().to_owned(),
+                        })
+                        .inc();
+                }
+                Err(AttemptError::Retryable(reason))
+            }
             Ok(Ok(resp)) => Ok(resp),
         }
     }

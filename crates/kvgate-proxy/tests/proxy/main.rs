@@ -14,6 +14,7 @@ use kvgate_proxy::{
 use kvgate_schedule::RegistryError;
 use tokio::sync::mpsc::error::TryRecvError;
 
+mod budget;
 mod early_reject;
 mod faults;
 mod hygiene;
@@ -21,6 +22,7 @@ mod prompt_limit;
 mod streams;
 mod surface;
 mod timeouts;
+mod tls;
 
 const CANONICAL: &str = "Qwen/Qwen3-0.6B";
 

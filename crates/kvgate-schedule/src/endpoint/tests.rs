@@ -26,8 +26,14 @@ fn urls() {
         e.uri_for("/v1/models").unwrap().to_string(),
         "http://h:1/prefix/v1/models"
     );
+    let e = endpoint("https://h:1/prefix", &[]);
+    assert_eq!(e.name(), "h:1");
+    assert_eq!(
+        e.uri_for("/v1/models").unwrap().to_string(),
+        "https://h:1/prefix/v1/models"
+    );
     let cases = [
-        ("https://h:1", "only http://"),
+        ("ftp://h:1", "only http:// and https://"),
         ("h:1", "missing scheme"),
         ("http://", "not a valid URL"),
         ("http://h:1/?q=1", "query string"),

@@ -89,7 +89,7 @@ async fn reconcile_validates_before_changing() {
     let cases = [
         (
             "bad url",
-            vec![EndpointConfig::new("https://x:1")],
+            vec![EndpointConfig::new("ftp://x:1")],
             "only http",
         ),
         (

@@ -86,12 +86,14 @@ fn build_errors_name_the_bad_field() {
         (
             "render_url scheme",
             with(|c| c.render_url = Some("https://r:8000".into())),
-            "model qwen3: render_url \"https://r:8000\" is not an http:// url",
+            "model qwen3: render_url \"https://r:8000\" is not an http:// url \
+             (or https:// with TLS settings)",
         ),
         (
             "render_url syntax",
             with(|c| c.render_url = Some("http://bad host".into())),
-            "model qwen3: render_url \"http://bad host\" is not an http:// url",
+            "model qwen3: render_url \"http://bad host\" is not an http:// url \
+             (or https:// with TLS settings)",
         ),
         (
             "tokenizer_dir",
@@ -103,6 +105,24 @@ fn build_errors_name_the_bad_field() {
         let err = TokenizerChain::from_config(&cfg, LocalOptions::default()).unwrap_err();
         assert_eq!(err.to_string(), want, "{name}");
     }
+    // With TLS settings an https:// render server is accepted; a bad URL still is not.
+    let tls = std::sync::Arc::new(
+        rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(rustls::RootCertStore::empty())
+        .with_no_client_auth(),
+    );
+    let https = with(|c| c.render_url = Some("https://r:8000".into()));
+    assert!(
+        TokenizerChain::from_config_with_tls(&https, LocalOptions::default(), Some(&tls)).is_ok()
+    );
+    let bad = with(|c| c.render_url = Some("https://bad host".into()));
+    assert!(
+        TokenizerChain::from_config_with_tls(&bad, LocalOptions::default(), Some(&tls)).is_err()
+    );
     let config = TokenizeConfig {
         models: vec![
             ModelTokenizerConfig::new("a"),

@@ -96,6 +96,10 @@ fn help_shows_the_defaults_the_code_uses() {
             "--kv-speculative-ttl ",
             human(config.kv_index.speculative_ttl),
         ),
+        (
+            "--max-inflight-body-bytes ",
+            format!("{} (1 GiB)", config.max_inflight_body_bytes),
+        ),
     ] {
         let text = help.split(flag).nth(1).unwrap_or_default();
         let doc = text.split("\n\n").next().unwrap_or_default();
@@ -156,9 +160,72 @@ fn upstream_and_index_flags_override_the_file() {
 }
 
 #[test]
+fn tls_and_body_budget_flags_override_the_file() {
+    let yaml = "tls: { cert_file: /f/cert.pem, key_file: /f/key.pem }\n\
+                upstream: { ca_file: /f/ca.pem }\n\
+                limits: { max_inflight_body_bytes: 1000 }";
+    let file = FileConfig::from_yaml(yaml).unwrap();
+    let read = |c: &ProxyConfig| {
+        let tls = c.tls.as_ref().map(|t| {
+            (
+                t.cert_file.display().to_string(),
+                t.key_file.display().to_string(),
+            )
+        });
+        let ca = c.upstream_ca.as_ref().map(|p| p.display().to_string());
+        (tls, ca, c.max_inflight_body_bytes)
+    };
+    let pair = |a: &str, b: &str| Some((a.to_owned(), b.to_owned()));
+    let some = |a: &str| Some(a.to_owned());
+    // (name, flags, YAML, want): one source flipped per row.
+    let cases: [(&str, &[&str], &FileConfig, _); 5] = [
+        (
+            "nothing",
+            &[],
+            &FileConfig::default(),
+            (None, None, 1 << 30),
+        ),
+        (
+            "file",
+            &[],
+            &file,
+            (pair("/f/cert.pem", "/f/key.pem"), some("/f/ca.pem"), 1000),
+        ),
+        (
+            "tls flags over file",
+            &["--tls-cert", "/c.pem", "--tls-key", "/k.pem"],
+            &file,
+            (pair("/c.pem", "/k.pem"), some("/f/ca.pem"), 1000),
+        ),
+        (
+            "ca flag over file",
+            &["--upstream-ca", "/ca2.pem"],
+            &file,
+            (pair("/f/cert.pem", "/f/key.pem"), some("/ca2.pem"), 1000),
+        ),
+        (
+            "budget flag over file",
+            &["--max-inflight-body-bytes", "5"],
+            &file,
+            (pair("/f/cert.pem", "/f/key.pem"), some("/f/ca.pem"), 5),
+        ),
+    ];
+    for (name, flags, file, want) in cases {
+        let config = proxy_config(&serve_args(flags), file).unwrap();
+        assert_eq!(read(&config), want, "{name}");
+    }
+    // A certificate without its key (or the other way round) is refused by the parser.
+    for flags in [["--tls-cert", "/c.pem"], ["--tls-key", "/k.pem"]] {
+        let argv = ["kvgate", "serve"].iter().chain(&flags);
+        let err = Cli::try_parse_from(argv).unwrap_err().to_string();
+        assert!(err.contains("required"), "{flags:?}: {err}");
+    }
+}
+
+#[test]
 fn bad_flags_are_errors_naming_the_flag() {
     // (flags, what the message must name): one bad flag per row.
-    let cases: [(&[&str], &str); 8] = [
+    let cases: [(&[&str], &str); 9] = [
         (
             &["--endpoint", "http://a:1,bogus=1"],
             "endpoint flag `http://a:1,bogus=1`",
@@ -181,6 +248,10 @@ fn bad_flags_are_errors_naming_the_flag() {
         (
             &["--kv-speculative-ttl", "0s"],
             "kv_index.speculative_ttl_ms",
+        ),
+        (
+            &["--max-inflight-body-bytes", "0"],
+            "limits.max_inflight_body_bytes",
         ),
     ];
     for (flags, want) in cases {

@@ -10,8 +10,9 @@
 //!
 //! The pooled client's connector cannot be wrapped from here (its type is fixed by the
 //! `Proxy`), so bodies of [`DEDICATED_UPLOAD_BYTES`] or more take a dedicated connection
-//! with this IO; a smaller body fits the socket buffers and is written before the engine
-//! can refuse it.
+//! with this IO (under TLS for an `https://` endpoint, so the peer-closed write errors of
+//! the socket are the ones tolerated); a smaller body fits the socket buffers and is
+//! written before the engine can refuse it.
 
 use std::{
     io,
@@ -29,6 +30,7 @@ use tokio::{
     io::{AsyncRead, AsyncWrite, ReadBuf},
     net::TcpStream,
 };
+use tokio_rustls::{TlsConnector, rustls::pki_types::ServerName};
 
 /// Bodies this large or larger are sent on a dedicated connection with [`TolerantIo`].
 pub(super) const DEDICATED_UPLOAD_BYTES: usize = 256 << 10;
@@ -135,46 +137,101 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for TolerantIo<T> {
     }
 }
 
+/// Why an upstream attempt failed before a response head: the error chain, and whether
+/// it failed in TLS (counted apart).
+pub(super) struct Failed {
+    /// The error with its sources, `a: b: c`.
+    pub(super) reason: String,
+    /// A TLS failure (certificate, handshake).
+    pub(super) tls: bool,
+}
+
+impl Failed {
+    fn plain(reason: String) -> Failed {
+        Failed { reason, tls: false }
+    }
+
+    fn from_error(e: &(dyn std::error::Error + 'static)) -> Failed {
+        Failed {
+            reason: chain(e),
+            tls: crate::proxy::upstream::is_tls_error(e),
+        }
+    }
+}
+
 /// Sends `req` (an absolute URI, `host` set) on a new connection to its authority, with
-/// [`TolerantIo`]; the connection is driven in the background until the response body ends.
+/// [`TolerantIo`] (under TLS for `https://`, with `tls`); the connection is driven in the
+/// background until the response body ends.
 ///
 /// # Errors
-/// Why the connect failed, or the connection failed before a response head arrived.
+/// Why the connect or the TLS handshake failed, or the connection failed before a response
+/// head arrived.
 pub(super) async fn send_dedicated(
     mut req: http::Request<Full<Bytes>>,
     connect_timeout: Duration,
-) -> Result<Response<Incoming>, String> {
+    tls: &TlsConnector,
+) -> Result<Response<Incoming>, Failed> {
     let uri = req.uri().clone();
+    let https = uri.scheme() == Some(&http::uri::Scheme::HTTPS);
     let host = uri.host().unwrap_or("127.0.0.1").to_owned();
-    let port = uri.port_u16().unwrap_or(80);
-    let stream = match tokio::time::timeout(connect_timeout, TcpStream::connect((host, port))).await
-    {
+    let port = uri.port_u16().unwrap_or(if https { 443 } else { 80 });
+    let connect = TcpStream::connect((host.as_str(), port));
+    let stream = match tokio::time::timeout(connect_timeout, connect).await {
         Ok(Ok(stream)) => stream,
-        Ok(Err(e)) => return Err(format!("connect: {e}")),
+        Ok(Err(e)) => return Err(Failed::plain(format!("connect: {e}"))),
         Err(_) => {
-            return Err(format!(
+            return Err(Failed::plain(format!(
                 "connect timed out after {} ms",
                 connect_timeout.as_millis()
-            ));
+            )));
         }
     };
     let _ = stream.set_nodelay(true);
-    let io = TokioIo::new(TolerantIo::new(stream));
-    let (mut sender, conn) = hyper::client::conn::http1::handshake(io)
-        .await
-        .map_err(|e| chain(&e))?;
-    tokio::spawn(async move {
-        if let Err(e) = conn.await {
-            tracing::debug!(error = %e, "dedicated upstream connection ended with an error");
-        }
-    });
     // The connection speaks origin-form: path and query only.
     if let Some(pq) = uri.path_and_query()
         && let Ok(origin) = http::Uri::builder().path_and_query(pq.clone()).build()
     {
         *req.uri_mut() = origin;
     }
-    sender.send_request(req).await.map_err(|e| chain(&e))
+    let io = TolerantIo::new(stream);
+    if !https {
+        return send_on(io, req).await;
+    }
+    // A bracketed IPv6 host is an IP address for the server name.
+    let name = host
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .to_owned();
+    let name = ServerName::try_from(name)
+        .map_err(|e| Failed::plain(format!("tls: server name `{host}`: {e}")))?;
+    let handshake = tls.connect(name, io);
+    match tokio::time::timeout(connect_timeout, handshake).await {
+        Ok(Ok(io)) => send_on(io, req).await,
+        Ok(Err(e)) => Err(Failed::from_error(&e)),
+        Err(_) => Err(Failed::plain(format!(
+            "tls handshake timed out after {} ms",
+            connect_timeout.as_millis()
+        ))),
+    }
+}
+
+/// HTTP/1.1 on `io`: the handshake, the connection driven in the background, `req` sent.
+async fn send_on<T>(io: T, req: http::Request<Full<Bytes>>) -> Result<Response<Incoming>, Failed>
+where
+    T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(io))
+        .await
+        .map_err(|e| Failed::from_error(&e))?;
+    tokio::spawn(async move {
+        if let Err(e) = conn.await {
+            tracing::debug!(error = %e, "dedicated upstream connection ended with an error");
+        }
+    });
+    sender
+        .send_request(req)
+        .await
+        .map_err(|e| Failed::from_error(&e))
 }
 
 /// An error with its sources, `a: b: c`.

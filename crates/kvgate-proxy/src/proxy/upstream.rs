@@ -1,0 +1,134 @@
+//! The pooled keep-alive clients every upstream request (and model discovery) goes through:
+//! one for `http://` endpoints, exactly as before TLS existed, and one for `https://`
+//! endpoints (rustls, the system's roots plus `upstream.ca_file`). A request picks its client
+//! by its URI's scheme, so a plain request does no TLS work at all.
+
+use std::{error::Error, io, sync::Arc};
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
+use hyper_util::{
+    client::legacy::{Client, ResponseFuture, connect::HttpConnector},
+    rt::{TokioExecutor, TokioTimer},
+};
+use tokio_rustls::TlsConnector;
+
+use crate::config::{ConfigError, ProxyConfig};
+
+/// The upstream clients.
+#[derive(Debug)]
+pub(crate) struct Upstreams {
+    /// `http://` endpoints.
+    plain: Client<HttpConnector, Full<Bytes>>,
+    /// `https://` endpoints.
+    tls: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
+    /// The same TLS settings, for the dedicated upload connections (`forward/upload`).
+    tls_config: Arc<rustls::ClientConfig>,
+}
+
+impl Upstreams {
+    /// Builds both clients from the connect and pool settings and `upstream_ca`.
+    ///
+    /// # Errors
+    /// [`ConfigError::Tls`] when `upstream_ca` is unusable.
+    pub(crate) fn new(config: &ProxyConfig) -> Result<Upstreams, ConfigError> {
+        let tls_config = crate::tls::client_config(config.upstream_ca.as_deref())?;
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        connector.set_connect_timeout(Some(config.connect_timeout));
+        let plain = pooled(config).build(connector.clone());
+        connector.enforce_http(false);
+        let https = HttpsConnectorBuilder::new()
+            .with_tls_config((*tls_config).clone())
+            .https_only()
+            .enable_http1()
+            .wrap_connector(connector);
+        Ok(Upstreams {
+            plain,
+            tls: pooled(config).build(https),
+            tls_config,
+        })
+    }
+
+    /// A connector with the `https://` settings (dedicated upload connections).
+    pub(crate) fn tls_connector(&self) -> TlsConnector {
+        TlsConnector::from(self.tls_config.clone())
+    }
+
+    /// The `https://` client settings (also used by the metrics scrapes).
+    pub(crate) fn tls_config(&self) -> Arc<rustls::ClientConfig> {
+        self.tls_config.clone()
+    }
+
+    /// Sends `req` on the client for its scheme.
+    pub(crate) fn request(&self, req: http::Request<Full<Bytes>>) -> ResponseFuture {
+        if req.uri().scheme() == Some(&http::uri::Scheme::HTTPS) {
+            self.tls.request(req)
+        } else {
+            self.plain.request(req)
+        }
+    }
+}
+
+/// The pool settings both clients share.
+fn pooled(config: &ProxyConfig) -> hyper_util::client::legacy::Builder {
+    let mut builder = Client::builder(TokioExecutor::new());
+    builder
+        .pool_idle_timeout(config.pool_idle_timeout)
+        .pool_timer(TokioTimer::new());
+    builder
+}
+
+/// Whether a failed attempt failed in TLS (a certificate not trusted or not matching the
+/// host, a handshake refused): somewhere in its source chain is a rustls error, possibly
+/// inside `io::Error`s (whose `source` skips what they wrap, so they are opened instead).
+pub(crate) fn is_tls_error(e: &(dyn Error + 'static)) -> bool {
+    let mut next = Some(e);
+    while let Some(e) = next {
+        if e.is::<rustls::Error>() {
+            return true;
+        }
+        next = match e.downcast_ref::<io::Error>().and_then(io::Error::get_ref) {
+            Some(inner) => Some(inner as &(dyn Error + 'static)),
+            None => e.source(),
+        };
+    }
+    false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("client error (Connect)")]
+    struct Outer(#[source] Box<dyn Error + Send + Sync>);
+
+    /// Found however deep, behind `io::Error`s too; other failures are not TLS failures.
+    #[test]
+    fn tls_errors_are_found_in_the_chain() {
+        let rustls = || rustls::Error::General("bad certificate".into());
+        let wrapped = |e| io::Error::new(io::ErrorKind::InvalidData, e);
+        let cases: [(&str, Box<dyn Error + Send + Sync>, bool); 5] = [
+            ("bare", Box::new(rustls()), true),
+            ("io", Box::new(wrapped(rustls())), true),
+            (
+                "io in io in a client error",
+                Box::new(Outer(Box::new(io::Error::other(wrapped(rustls()))))),
+                true,
+            ),
+            (
+                "refused",
+                Box::new(Outer(Box::new(io::Error::from(
+                    io::ErrorKind::ConnectionRefused,
+                )))),
+                false,
+            ),
+            ("io with text", Box::new(io::Error::other("tls")), false),
+        ];
+        for (name, e, tls) in cases {
+            assert_eq!(is_tls_error(e.as_ref()), tls, "{name}");
+        }
+    }
+}
