@@ -199,10 +199,12 @@ fn parse_one(v: &Value) -> Result<PromptTokens, String> {
                             .and_then(|n| u32::try_from(n).ok())
                             .ok_or_else(|| format!("placeholder without {k}"))
                     };
+                    // Without its hash an item's blocks cannot be keyed as the engine keys
+                    // them: the response is unusable, not a text-only prompt.
                     let hash = hs
                         .and_then(|h| h.get(i))
                         .and_then(Value::as_str)
-                        .unwrap_or_default()
+                        .ok_or_else(|| format!("no mm_hashes entry for {modality} item {i}"))?
                         .to_owned();
                     mm_items.push(MmItem {
                         modality: modality.clone(),
@@ -245,15 +247,23 @@ mod tests {
         assert_eq!(got[0].mm_items[0].offset, 2);
         let list = br#"[{"token_ids":[1]},{"token_ids":[2,3],"features":null}]"#;
         assert_eq!(parse_response(list).unwrap().len(), 2);
-        let bad: [(&[u8], &str); 6] = [
+        let bad: [(&[u8], &str); 8] = [
             (b"{}", "no token_ids"),
             (b"[1]", "no token_ids"),
             (br#"{"token_ids":[-1]}"#, "token_ids holds a non-u32"),
             (b"nope", "invalid json: expected ident"),
             (b"7", "response is neither an object nor a list"),
             (
-                br#"{"token_ids":[1],"features":{"mm_hashes":{},"mm_placeholders":{"image":[{"length":1}]}}}"#,
+                br#"{"token_ids":[1],"features":{"mm_hashes":{"image":["h"]},"mm_placeholders":{"image":[{"length":1}]}}}"#,
                 "placeholder without offset",
+            ),
+            (
+                br#"{"token_ids":[1],"features":{"mm_hashes":{},"mm_placeholders":{"image":[{"offset":0,"length":1}]}}}"#,
+                "no mm_hashes entry for image item 0",
+            ),
+            (
+                br#"{"token_ids":[1],"features":{"mm_hashes":{"image":[7]},"mm_placeholders":{"image":[{"offset":0,"length":1}]}}}"#,
+                "no mm_hashes entry for image item 0",
             ),
         ];
         for (body, want) in bad {

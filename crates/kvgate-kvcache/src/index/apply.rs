@@ -11,7 +11,7 @@
 use crate::event::{BlockRemoved, BlockStored, ExtraKey, KvEvent, KvEventBatch, Tier};
 use crate::index::endpoint::{self, EndpointState};
 use crate::index::{EndpointId, EndpointSlot, KvIndex};
-use crate::keys::{BlockKey, KeyScope, chain_key, extra_hash, root_key};
+use crate::keys::{BlockKey, KeyScope, chain_key, extra_hash, mm_extra_hash, root_key};
 
 /// Spec kinds whose blocks hold the whole prefix (scored); other groups are ignored.
 const FULL_ATTENTION_KINDS: [&str; 3] = ["full_attention", "mla_attention", "sink_full_attention"];
@@ -203,7 +203,7 @@ fn classify_extras(items: &[ExtraKey], lora: Option<&str>, block0: bool, out: &m
         }
         out.push(match x {
             ExtraKey::Str(s) | ExtraKey::Other(s) => extra_hash(s.as_bytes()),
-            ExtraKey::Mm { identifier, .. } => extra_hash(identifier.as_bytes()),
+            ExtraKey::Mm { identifier, offset } => mm_extra_hash(identifier.as_bytes(), *offset),
             ExtraKey::Bytes(b) => extra_hash(b),
         });
     }

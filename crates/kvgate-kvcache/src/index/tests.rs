@@ -139,6 +139,24 @@ fn extra_keys_classification_matches_request_side() {
             vec![img.clone()],
         ),
         (
+            "two images: the second shares the first's last block",
+            None,
+            Some(vec![
+                Some(vec![mm("img", 3)]),
+                Some(vec![mm("img", -13), mm("img2", 8)]),
+            ]),
+            M,
+            None,
+            vec![
+                MmSpan {
+                    identifier: "img2".into(),
+                    offset: 24,
+                    length: 4,
+                },
+                img.clone(),
+            ],
+        ),
+        (
             "lora + mm + salt",
             Some("ad"),
             Some(vec![
