@@ -14,6 +14,7 @@ use serde::Deserialize;
 
 use crate::engine::{EngineOutput, FinishInfo, FinishReason, NewRequest};
 use crate::instance::{InflightGuard, Instance, failure_error};
+use crate::media::{self, MmFeature};
 use crate::openai::{ApiError, Family, GenParams, ResponseIds};
 use crate::render;
 use crate::sse;
@@ -60,16 +61,61 @@ async fn responses(State(inst): State<Arc<Instance>>, body: Bytes) -> Response {
         .unwrap_or_else(IntoResponse::into_response)
 }
 
-/// Tokenizes a body, off the async threads when it is large.
+/// One prompt as the engine receives it: token ids after image expansion, and its
+/// multimodal items.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct SimPrompt {
+    pub(crate) tokens: Vec<u32>,
+    pub(crate) mm: Vec<MmFeature>,
+}
+
+/// Tokenizes a body, off the async threads when it is large: one entry per prompt.
 pub(crate) async fn tokenize(
     inst: &Arc<Instance>,
     api: Api,
     body: Bytes,
 ) -> Result<Vec<Vec<u32>>, ApiError> {
+    Ok(tokenize_prompts(inst, api, body)
+        .await?
+        .into_iter()
+        .map(|p| p.tokens)
+        .collect())
+}
+
+/// Like [`tokenize`], with each prompt's multimodal items: a chat body's image parts are
+/// expanded into placeholder tokens (see `media`).
+pub(crate) async fn tokenize_prompts(
+    inst: &Arc<Instance>,
+    api: Api,
+    body: Bytes,
+) -> Result<Vec<SimPrompt>, ApiError> {
     let run = move |inst: &Instance, body: &[u8]| {
-        inst.prompts
-            .tokenize(api, body)
-            .map_err(|e| ApiError::bad_request(e.0, None))
+        let bad = |e: String| ApiError::bad_request(e, Some("messages"));
+        let images = match api {
+            Api::ChatCompletions => media::take_images(body).map_err(bad)?,
+            _ => None,
+        };
+        let Some((rewritten, images)) = images else {
+            let prompts = inst
+                .prompts
+                .tokenize(api, body)
+                .map_err(|e| ApiError::bad_request(e.0, None))?;
+            return Ok(prompts
+                .into_iter()
+                .map(|tokens| SimPrompt {
+                    tokens,
+                    mm: Vec::new(),
+                })
+                .collect());
+        };
+        let prompts = inst
+            .prompts
+            .tokenize(api, &rewritten)
+            .map_err(|e| ApiError::bad_request(e.0, None))?;
+        let pad = inst.prompts.tokenizer().token_to_id(media::IMAGE_PAD);
+        let tokens = prompts.into_iter().next().unwrap_or_default();
+        let (tokens, mm) = media::expand(&tokens, images, pad).map_err(bad)?;
+        Ok(vec![SimPrompt { tokens, mm }])
     };
     if body.len() <= INLINE_TOKENIZE_BYTES {
         return run(inst, &body);
@@ -129,19 +175,22 @@ async fn generate(inst: Arc<Instance>, api: Api, body: Bytes) -> Result<Response
         (params.max_tokens, params.max_completion_tokens) = (params.max_output_tokens, None);
     }
     let lora = inst.resolve_model(params.model.as_deref())?;
-    let prompts = tokenize(&inst, api, body).await?;
+    let prompts = tokenize_prompts(&inst, api, body).await?;
     let mut budgets = Vec::with_capacity(prompts.len());
     for p in &prompts {
-        budgets.push(output_budget(&inst, &params, p.len())?);
+        budgets.push(output_budget(&inst, &params, p.tokens.len())?);
     }
     inst.count_request();
     let engine = inst.pick_engine();
     let guard = InflightGuard::new(engine);
     let mut receivers = Vec::with_capacity(prompts.len());
-    for (prompt, (max_tokens, finish_on_max)) in prompts.into_iter().zip(budgets) {
+    for (SimPrompt { tokens: prompt, mm }, (max_tokens, finish_on_max)) in
+        prompts.into_iter().zip(budgets)
+    {
         let seed = OutputVocab::seed_for(params.seed, &prompt);
         let req = NewRequest {
             prompt,
+            mm,
             max_tokens,
             finish_on_max,
             seed,

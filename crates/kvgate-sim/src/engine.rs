@@ -126,6 +126,8 @@ pub(crate) struct NewRequest {
     pub(crate) seed: u64,
     pub(crate) lora: Option<Arc<LoraAdapter>>,
     pub(crate) cache_salt: Option<String>,
+    /// The prompt's multimodal items (image placeholders), sorted by offset.
+    pub(crate) mm: Vec<crate::media::MmFeature>,
 }
 
 enum EngineMsg {
@@ -264,7 +266,7 @@ impl EngineCore {
                 let prompt_len = req.prompt.len();
                 self.stats.prompt_tokens += prompt_len as u64;
                 let sim = SimRequest {
-                    kv: KvRequest::new(req.prompt, req.lora, req.cache_salt),
+                    kv: KvRequest::new(req.prompt, req.lora, req.cache_salt).with_mm(req.mm),
                     prompt_len,
                     max_tokens: req.max_tokens.max(1),
                     finish_on_max: req.finish_on_max,

@@ -91,16 +91,30 @@ pub enum ExtraKey {
         /// Adapter path.
         path: String,
     },
+    /// `("mm", identifier, offset)`, in every block a multimodal item's placeholders overlap;
+    /// `offset` is the item's first placeholder relative to the block start (negative in the
+    /// blocks after the item's first).
+    Mm {
+        /// The item's hash (`mm_hashes` entry).
+        identifier: String,
+        /// Offset of the item's first placeholder token from the block's first token.
+        offset: i64,
+    },
     /// `("cache_salt", salt)`, in block 0 only.
     CacheSalt(String),
 }
 
 impl ExtraKey {
-    /// The untagged value published in an event's `extra_keys` (`to_event_extra_keys`).
-    pub fn event_value(&self) -> &str {
+    /// The untagged value published in an event's `extra_keys` (`to_event_extra_keys`): the
+    /// LoRA name, `[identifier, offset]`, or the salt.
+    pub fn to_event(&self) -> kvgate_kvcache::ExtraKey {
         match self {
-            ExtraKey::Lora { name, .. } => name,
-            ExtraKey::CacheSalt(s) => s,
+            ExtraKey::Lora { name, .. } => kvgate_kvcache::ExtraKey::Str(name.clone()),
+            ExtraKey::Mm { identifier, offset } => kvgate_kvcache::ExtraKey::Mm {
+                identifier: identifier.clone(),
+                offset: *offset,
+            },
+            ExtraKey::CacheSalt(s) => kvgate_kvcache::ExtraKey::Str(s.clone()),
         }
     }
 }
@@ -220,12 +234,27 @@ pub(crate) fn encode_block_input(
                 write_text(buf, name);
                 write_text(buf, path);
             }
+            ExtraKey::Mm { identifier, offset } => {
+                buf.push(0x83);
+                write_text(buf, "mm");
+                write_text(buf, identifier);
+                write_int(buf, *offset);
+            }
             ExtraKey::CacheSalt(salt) => {
                 buf.push(0x82);
                 write_text(buf, "cache_salt");
                 write_text(buf, salt);
             }
         }
+    }
+}
+
+/// A CBOR integer: major type 0 for `v >= 0`, else major type 1 holding `-1 - v`.
+fn write_int(buf: &mut Vec<u8>, v: i64) {
+    if v >= 0 {
+        write_head(buf, 0, v as u64);
+    } else {
+        write_head(buf, 1, !(v as u64));
     }
 }
 
@@ -332,6 +361,28 @@ mod tests {
                     ExtraKey::CacheSalt("s".repeat(30)),
                 ],
             ),
+            (
+                "mm offsets: positive, zero, negative, wide negative",
+                vec![1, 2, 3],
+                vec![
+                    ExtraKey::Mm {
+                        identifier: "a".repeat(64),
+                        offset: 5,
+                    },
+                    ExtraKey::Mm {
+                        identifier: "b".into(),
+                        offset: 0,
+                    },
+                    ExtraKey::Mm {
+                        identifier: "c".into(),
+                        offset: -13,
+                    },
+                    ExtraKey::Mm {
+                        identifier: "d".into(),
+                        offset: -70_000,
+                    },
+                ],
+            ),
         ];
         for (name, tokens, extra) in cases {
             let mut ours = Vec::new();
@@ -347,6 +398,11 @@ mod tests {
                                 C::Text("lora".into()),
                                 C::Text(name.clone()),
                                 C::Text(path.clone()),
+                            ]),
+                            ExtraKey::Mm { identifier, offset } => C::Array(vec![
+                                C::Text("mm".into()),
+                                C::Text(identifier.clone()),
+                                C::Integer((*offset).into()),
                             ]),
                             ExtraKey::CacheSalt(s) => {
                                 C::Array(vec![C::Text("cache_salt".into()), C::Text(s.clone())])

@@ -4,10 +4,11 @@
 
 use std::sync::Arc;
 
-use kvgate_kvcache::{BlockStored, ExtraKey as EventExtraKey, KvEvent};
+use kvgate_kvcache::{BlockStored, KvEvent};
 
 use crate::block_pool::{BlockPool, MEDIUM_GPU};
 use crate::hashing::{BlockHash, BlockHasher, ExtraKey};
+use crate::media::MmFeature;
 
 /// A LoRA adapter served by the engine (`--lora-modules name=path`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -35,6 +36,8 @@ pub(crate) struct KvRequest {
     pub(crate) num_computed: usize,
     pub(crate) lora: Option<Arc<LoraAdapter>>,
     pub(crate) cache_salt: Option<String>,
+    /// Multimodal items, sorted by offset, non-overlapping.
+    pub(crate) mm: Vec<MmFeature>,
 }
 
 impl KvRequest {
@@ -51,17 +54,34 @@ impl KvRequest {
             num_computed: 0,
             lora,
             cache_salt,
+            mm: Vec::new(),
         }
     }
 
-    /// Tagged extra keys of the block starting at token `start` (hash form).
-    fn extra_keys(&self, start: usize) -> Vec<ExtraKey> {
+    /// The request's multimodal items (sorted by offset).
+    pub(crate) fn with_mm(mut self, mm: Vec<MmFeature>) -> KvRequest {
+        self.mm = mm;
+        self
+    }
+
+    /// Tagged extra keys of the block `[start, end)` (hash form), in vLLM's order: LoRA, one
+    /// `("mm", identifier, offset - start)` per item the block overlaps
+    /// (`_gen_mm_extra_hash_keys`: `end > offset` and `start < offset + length`), cache salt.
+    fn extra_keys(&self, start: usize, end: usize) -> Vec<ExtraKey> {
         let mut keys = Vec::new();
         if let Some(l) = &self.lora {
             keys.push(ExtraKey::Lora {
                 name: l.name.clone(),
                 path: l.path.clone(),
             });
+        }
+        for item in &self.mm {
+            if end > item.offset && start < item.offset + item.length {
+                keys.push(ExtraKey::Mm {
+                    identifier: item.identifier.clone(),
+                    offset: item.offset as i64 - start as i64,
+                });
+            }
         }
         if start == 0
             && let Some(s) = self.cache_salt.as_ref().filter(|s| !s.is_empty())
@@ -99,7 +119,7 @@ impl KvManager {
         while (req.block_hashes.len() + 1) * bs <= req.tokens.len() {
             let i = req.block_hashes.len();
             let start = i * bs;
-            let extra = req.extra_keys(start);
+            let extra = req.extra_keys(start, start + bs);
             let h = self.hasher.hash_block(
                 req.block_hashes.last(),
                 &req.tokens[start..start + bs],
@@ -169,15 +189,11 @@ impl KvManager {
             let h = req.block_hashes[i];
             self.pool.insert_hash(req.blocks[i], h);
             hashes.push(h.to_event_u64().into());
-            let keys = req.extra_keys(i * bs);
+            let keys = req.extra_keys(i * bs, (i + 1) * bs);
             extra.push(if keys.is_empty() {
                 None
             } else {
-                Some(
-                    keys.iter()
-                        .map(|k| EventExtraKey::Str(k.event_value().to_owned()))
-                        .collect(),
-                )
+                Some(keys.iter().map(ExtraKey::to_event).collect())
             });
         }
         let parent = (from > 0).then(|| req.block_hashes[from - 1].to_event_u64().into());
@@ -210,6 +226,7 @@ impl KvManager {
 mod tests {
     use super::*;
     use crate::hashing::HashAlgo;
+    use kvgate_kvcache::ExtraKey as EventExtraKey;
 
     fn mgr(blocks: usize) -> KvManager {
         KvManager::new(
@@ -292,6 +309,57 @@ mod tests {
         assert_eq!(
             stored(&ev)[0].extra_keys,
             Some(vec![Some(vec![EventExtraKey::Str("s".into())]), None])
+        );
+    }
+
+    /// Block size 4; an image at tokens 2..7 and another at 8..10 of a 13-token prompt (3 full
+    /// blocks): vLLM's per-block extra keys are `[("a", 2)]`, `[("a", -2)]`, `[("b", 0)]`.
+    #[test]
+    fn image_items_become_mm_extra_keys() {
+        let mm = vec![
+            MmFeature {
+                identifier: "a".into(),
+                offset: 2,
+                length: 5,
+            },
+            MmFeature {
+                identifier: "b".into(),
+                offset: 8,
+                length: 2,
+            },
+        ];
+        let mut m = mgr(10);
+        let mut img = KvRequest::new((1..=13).collect(), None, None).with_mm(mm);
+        let mut text = KvRequest::new((1..=13).collect(), None, None);
+        m.update_hashes(&mut img);
+        m.update_hashes(&mut text);
+        let key = |id: &str, offset| ExtraKey::Mm {
+            identifier: id.into(),
+            offset,
+        };
+        let hasher = BlockHasher::with_seed(HashAlgo::Sha256Cbor, "vllm-none-hash");
+        let h0 = hasher.hash_block(None, &[1, 2, 3, 4], &[key("a", 2)]);
+        let h1 = hasher.hash_block(Some(&h0), &[5, 6, 7, 8], &[key("a", -2)]);
+        let h2 = hasher.hash_block(Some(&h1), &[9, 10, 11, 12], &[key("b", 0)]);
+        assert_eq!(
+            img.block_hashes,
+            vec![h0, h1, h2],
+            "chained over the extra keys"
+        );
+        assert_ne!(img.block_hashes[0], text.block_hashes[0]);
+        assert!(m.allocate_slots(&mut img, 13, &[]));
+        let ev = m.pool.take_events();
+        let ev_key = |id: &str, offset| EventExtraKey::Mm {
+            identifier: id.into(),
+            offset,
+        };
+        assert_eq!(
+            stored(&ev)[0].extra_keys,
+            Some(vec![
+                Some(vec![ev_key("a", 2)]),
+                Some(vec![ev_key("a", -2)]),
+                Some(vec![ev_key("b", 0)]),
+            ])
         );
     }
 

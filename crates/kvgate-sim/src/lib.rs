@@ -21,7 +21,9 @@
 //! - [`hashing`]: `sha256_cbor` / `xxhash_cbor` block hashes and NONE_HASH seeding.
 //! - `publisher`: ZMQ PUB per DP rank (3-frame messages, seq), ROUTER replay, drop faults.
 //! - `metrics`: Prometheus text with vLLM's names; `vocab`: deterministic output text;
-//!   `prompt`: [`PromptSource`], tokenizing through `kvgate-tokenize`'s local backend.
+//!   `prompt`: [`PromptSource`], tokenizing through `kvgate-tokenize`'s local backend;
+//!   `media`: chat image parts (data URLs) expanded into placeholder tokens with their
+//!   multimodal hashes.
 
 mod api;
 pub mod args;
@@ -32,6 +34,7 @@ mod fleet;
 pub mod hashing;
 mod instance;
 mod kv_manager;
+mod media;
 mod messages;
 mod metrics;
 mod openai;

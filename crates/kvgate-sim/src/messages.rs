@@ -114,6 +114,7 @@ async fn create(inst: Arc<Instance>, body: Bytes) -> Result<Response, ApiError> 
         finish_on_max,
         lora,
         cache_salt: params.cache_salt.clone(),
+        mm: Vec::new(),
     };
     let mut rx = engine
         .submit(req)

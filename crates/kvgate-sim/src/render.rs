@@ -13,8 +13,9 @@ use kvgate_request::Api;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use crate::api::{output_budget, tokenize as tokenize_body};
+use crate::api::{SimPrompt, output_budget, tokenize as tokenize_body, tokenize_prompts};
 use crate::instance::Instance;
+use crate::media::MmFeature;
 use crate::openai::{ApiError, GenParams};
 
 /// vLLM's resolved `SamplingParams` (the fields a router may read; defaults as vLLM's).
@@ -42,12 +43,33 @@ fn sampling_params(p: &GenParams, max_tokens: usize) -> Value {
     })
 }
 
+/// vLLM's `MultiModalFeatures` of a prompt (`null` for text-only prompts): per modality the
+/// items' hashes and placeholder ranges, in prompt order. The simulator sends no tensors
+/// (`kwargs_data`/`mm_metadata` null, which vLLM reads as "resolve from cache").
+fn features(mm: &[MmFeature]) -> Value {
+    if mm.is_empty() {
+        return Value::Null;
+    }
+    json!({
+        "mm_hashes": { "image": mm.iter().map(|m| m.identifier.as_str()).collect::<Vec<_>>() },
+        "mm_placeholders": {
+            "image": mm
+                .iter()
+                .map(|m| json!({"offset": m.offset, "length": m.length}))
+                .collect::<Vec<_>>(),
+        },
+        "kwargs_data": null,
+        "mm_metadata": null,
+    })
+}
+
 fn generate_request(
     inst: &Instance,
     p: &GenParams,
     request_id: String,
-    tokens: Vec<u32>,
+    prompt: SimPrompt,
 ) -> Result<Value, ApiError> {
+    let SimPrompt { tokens, mm } = prompt;
     let max_tokens = match p.requested_max_tokens() {
         Some(_) => output_budget(inst, p, tokens.len())?.0,
         None => {
@@ -59,7 +81,7 @@ fn generate_request(
         "request_id": request_id,
         "token_ids": tokens,
         "token_offsets": null,
-        "features": null,
+        "features": features(&mm),
         "content_parts": null,
         "sampling_params": sampling_params(p, max_tokens),
         "model": inst.response_model(p.model.as_deref()),
@@ -83,7 +105,7 @@ async fn render(inst: Arc<Instance>, api: Api, body: Bytes) -> Result<Response, 
         _ => GenParams::parse(&body)?,
     };
     inst.resolve_model(params.model.as_deref())?;
-    let prompts = tokenize_body(&inst, api, body).await?;
+    let prompts = tokenize_prompts(&inst, api, body).await?;
     let id = format!("{:032x}", rand::random::<u128>());
     if matches!(api, Api::ChatCompletions | Api::Messages) {
         let tokens = prompts.into_iter().next().unwrap_or_default();
