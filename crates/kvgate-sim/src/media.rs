@@ -44,13 +44,16 @@ pub(crate) struct Image {
     tokens: usize,
 }
 
+/// A chat body with its image parts replaced, and the images in prompt order.
+pub(crate) type TakenImages = (Vec<u8>, Vec<Image>);
+
 /// Takes the image parts out of a chat body: the body with each one replaced by the marker
 /// text part, and the images in prompt order. `Ok(None)` when there is no image part (or the
 /// body is not JSON: the tokenizer reports that).
 ///
 /// # Errors
 /// A message for the client (400) when an image part has no usable data URL.
-pub(crate) fn take_images(body: &[u8]) -> Result<Option<(Vec<u8>, Vec<Image>)>, String> {
+pub(crate) fn take_images(body: &[u8]) -> Result<Option<TakenImages>, String> {
     let Ok(mut v) = serde_json::from_slice::<Value>(body) else {
         return Ok(None);
     };
