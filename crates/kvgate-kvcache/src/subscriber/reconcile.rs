@@ -374,7 +374,7 @@ mod tests {
     fn only_a_decoded_clear_counts() {
         let with_tag_only = (0, b"AllBlocksCleared, but not msgpack".to_vec());
         let clear = encode_batch(0.0, &[KvEvent::AllBlocksCleared], None, Encoding::Map);
-        assert_eq!(last_clear(&[with_tag_only.clone()]), None);
+        assert_eq!(last_clear(std::slice::from_ref(&with_tag_only)), None);
         assert_eq!(last_clear(&[(0, clear), with_tag_only]), Some(0));
         assert_eq!(last_clear(&[(0, store(0, Encoding::Map))]), None);
     }
