@@ -314,7 +314,8 @@ mod tests {
 
     /// vLLM's per-block `(mm_identifier, offset)` extra keys, worked out by hand from
     /// `_gen_mm_extra_hash_keys` (block size 16; a block `[s, s+16)` takes an item when
-    /// `s+16 > offset` and `s < offset + length`, with offset `offset - s`).
+    /// `s+16 > offset` and `s < offset + length`, with offset `offset - s`). Each expectation
+    /// is also what vLLM 0.33's own function returns for these spans.
     #[test]
     fn mm_extra_keys_follow_vllm_folding() {
         let span = |id: &str, offset, length| MmSpan {

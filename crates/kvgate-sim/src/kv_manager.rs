@@ -346,6 +346,19 @@ mod tests {
             vec![h0, h1, h2],
             "chained over the extra keys"
         );
+        // vLLM 0.33's `hash_block_tokens(sha256_cbor, …)` with these tokens and extra keys
+        // (NONE_HASH from "vllm-none-hash"), as event u64s.
+        let vllm: [u64; 3] = [
+            14_729_549_956_329_983_236,
+            5_575_366_703_362_950_158,
+            4_662_408_401_312_086_423,
+        ];
+        let ours: Vec<u64> = img
+            .block_hashes
+            .iter()
+            .map(BlockHash::to_event_u64)
+            .collect();
+        assert_eq!(ours, vllm);
         assert_ne!(img.block_hashes[0], text.block_hashes[0]);
         assert!(m.allocate_slots(&mut img, 13, &[]));
         let ev = m.pool.take_events();
