@@ -221,7 +221,8 @@ impl Tracker {
         if let (UsageWatch::Sse(obs), Some(counter)) = (&self.usage, &self.sse_oversize) {
             counter.inc_by(obs.oversize_events());
         }
-        let cached = self.usage.usage().and_then(|u| u.cached_tokens);
+        let usage = self.usage.usage();
+        let cached = usage.as_ref().and_then(|u| u.cached_tokens);
         if let Some(log) = &mut self.log {
             log.completed(cached);
         }
@@ -229,6 +230,11 @@ impl Tracker {
             realized
                 .registry
                 .record_realized(&realized.endpoint, realized.predicted, cached);
+            if let Some(prompt) = usage.as_ref().and_then(|u| u.prompt_tokens) {
+                realized
+                    .registry
+                    .record_prompt_tokens(&realized.endpoint, prompt);
+            }
         }
     }
 }

@@ -22,7 +22,7 @@
 //! discovery, replica sync without the HTTP proxy listener).
 
 use std::{
-    collections::{HashMap, HashSet},
+    collections::{BTreeMap, HashMap},
     sync::{Arc, Mutex},
     time::Instant,
 };
@@ -37,7 +37,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::{
     config::ProxyConfig,
-    decision_log::DecisionLog,
+    decision_log::{DecisionLog, RecentDecisions},
     metrics::{EndpointLabels, ProxyMetrics},
 };
 
@@ -78,9 +78,11 @@ pub struct Proxy {
     pub(crate) metrics: ProxyMetrics,
     /// Each endpoint's `/v1/models` objects, by endpoint name.
     pub(crate) model_objects: Mutex<HashMap<String, Arc<Vec<serde_json::Value>>>>,
-    /// Models whose tokenizer chain is decided (and its line logged).
-    pub(crate) chains_decided: Mutex<HashSet<String>>,
+    /// Models whose tokenizer chain is decided (and its line logged): the chain and why.
+    pub(crate) chains_decided: Mutex<BTreeMap<String, ChainDecided>>,
     decision_log: Option<DecisionLog>,
+    /// The last finished decisions, for `/debug/state`.
+    pub(crate) recent: Arc<RecentDecisions>,
     /// Prefix tokenizations parked after the pick, completed by a sibling on demand.
     parked: parked::ParkedPrefixes,
     cancel: CancellationToken,
@@ -89,6 +91,15 @@ pub struct Proxy {
     replica: std::sync::OnceLock<Arc<kvgate_replica::ReplicaSync>>,
     /// Admission and flow control (`None`: off, no permit taken).
     pub(crate) flow: Option<crate::admission::FlowControl>,
+}
+
+/// A model's tokenizer chain as decided (the `/debug/state` models table).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub(crate) struct ChainDecided {
+    /// The backends in order, e.g. `render(http://10.0.0.1:8000) → estimate`.
+    pub(crate) chain: String,
+    /// Why this chain.
+    pub(crate) reason: String,
 }
 
 /// The background tasks of a front door other than [`crate::run`]'s: the admin server and

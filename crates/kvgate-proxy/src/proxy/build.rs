@@ -20,7 +20,7 @@ use super::Proxy;
 use crate::{
     admission::FlowControl,
     config::{ConfigError, ProxyConfig},
-    decision_log::DecisionLog,
+    decision_log::{DecisionLog, RecentDecisions},
     metrics::{FlowMetrics, ProxyMetrics},
 };
 
@@ -97,6 +97,7 @@ impl Proxy {
             model_objects: Mutex::default(),
             chains_decided: Mutex::default(),
             decision_log,
+            recent: Arc::new(RecentDecisions::new(RecentDecisions::DEFAULT_CAPACITY)),
             cancel,
             replica_metrics,
             replica: std::sync::OnceLock::new(),
