@@ -83,6 +83,8 @@ pub struct Proxy {
     decision_log: Option<DecisionLog>,
     /// The last finished decisions, for `/debug/state`.
     pub(crate) recent: Arc<RecentDecisions>,
+    /// OpenTelemetry tracing (`None`: off, nothing on the request path).
+    pub(crate) otel: Option<crate::otel::Otel>,
     /// Prefix tokenizations parked after the pick, completed by a sibling on demand.
     parked: parked::ParkedPrefixes,
     cancel: CancellationToken,
@@ -213,6 +215,12 @@ impl Proxy {
     /// Stops background tasks (scraping, KV-event subscribers).
     pub fn shutdown(&self) {
         self.cancel.cancel();
+    }
+
+    /// The OpenTelemetry exporter, when tracing is configured (to flush or shut down; both
+    /// block, so call them off the async threads).
+    pub fn otel(&self) -> Option<&crate::otel::Otel> {
+        self.otel.as_ref()
     }
 
     /// Records a connect-level failure; the endpoint is ejected with backoff.

@@ -76,6 +76,11 @@ impl Proxy {
             ),
             None => None,
         };
+        let otel = config
+            .otlp_endpoint
+            .as_deref()
+            .map(crate::otel::Otel::new)
+            .transpose()?;
         let client = upstream_client(&config);
         let replica_metrics = config
             .replica_sync
@@ -98,6 +103,7 @@ impl Proxy {
             chains_decided: Mutex::default(),
             decision_log,
             recent: Arc::new(RecentDecisions::new(RecentDecisions::DEFAULT_CAPACITY)),
+            otel,
             cancel,
             replica_metrics,
             replica: std::sync::OnceLock::new(),

@@ -442,6 +442,7 @@ impl Proxy {
             usage,
             log,
             sse_oversize: Some(self.metrics.sse_oversize.clone()),
+            span: None,
         }
     }
 }
