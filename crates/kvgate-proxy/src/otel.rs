@@ -51,8 +51,10 @@ pub mod attr {
     pub const ATTEMPTS: &str = "kvgate.attempts";
     /// The request id (`x-request-id`).
     pub const REQUEST_ID: &str = "kvgate.request_id";
-    /// The response status kvgate answered with.
+    /// The response status kvgate answered with (the engine's, once it answered).
     pub const STATUS: &str = "http.response.status_code";
+    /// Why the request failed (a `kvgate_request_errors_total` reason).
+    pub const ERROR_TYPE: &str = "error.type";
 }
 
 /// Errors starting the exporter.
@@ -224,6 +226,14 @@ impl RequestSpan {
     pub(crate) fn failed(&mut self, status: u16, reason: &'static str) {
         self.span
             .set_attribute(KeyValue::new(attr::STATUS, i64::from(status)));
+        self.broke(reason);
+    }
+
+    /// The engine's response failed after its status was recorded (`reason`: a metric
+    /// reason).
+    pub(crate) fn broke(&mut self, reason: &'static str) {
+        self.span
+            .set_attribute(KeyValue::new(attr::ERROR_TYPE, reason));
         self.span.set_status(Status::error(reason));
     }
 

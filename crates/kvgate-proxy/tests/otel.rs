@@ -10,12 +10,12 @@ use std::{net::SocketAddr, time::Duration};
 use kvgate_proxy::{
     EndpointConfig, ProxyConfig, SchedulerConfig, TokenizerSpec,
     otel::attr,
-    test_util::{Behavior, Captured, RunningProxy, Spy},
+    test_util::{Behavior, Captured, RunningProxy, Spy, dead_addr},
 };
 use opentelemetry_proto::tonic::{
     collector::trace::v1::ExportTraceServiceRequest,
     common::v1::{AnyValue, any_value::Value as Any},
-    trace::v1::{Span, span::SpanKind},
+    trace::v1::{Span, span::SpanKind, status::StatusCode},
 };
 use prost::Message as _;
 use tokio::{
@@ -135,8 +135,16 @@ fn body() -> String {
     )
 }
 
-/// Sends the chat request with `extra` header lines; returns the response head (lowercased).
+/// Sends the chat request with `extra` header lines; returns the response head (lowercased),
+/// which must be a 200.
 async fn send(addr: SocketAddr, id: &str, extra: &str) -> String {
+    let head = send_any(addr, id, extra).await;
+    assert!(head.starts_with("http/1.1 200"), "{head}");
+    head
+}
+
+/// [`send`] whatever the status.
+async fn send_any(addr: SocketAddr, id: &str, extra: &str) -> String {
     let body = body();
     let mut conn = TcpStream::connect(addr).await.unwrap();
     let req = format!(
@@ -148,7 +156,6 @@ async fn send(addr: SocketAddr, id: &str, extra: &str) -> String {
     conn.read_to_end(&mut raw).await.unwrap();
     let raw = String::from_utf8_lossy(&raw).into_owned();
     let (head, _) = raw.split_once("\r\n\r\n").unwrap();
-    assert!(head.starts_with("HTTP/1.1 200"), "{raw}");
     head.to_ascii_lowercase()
 }
 
@@ -290,6 +297,48 @@ async fn the_span_carries_the_decision_and_the_engine_gets_the_clients_trace() {
     for (key, want) in ints {
         assert_eq!(int(&span, key), Some(want), "{key}: {span:?}");
     }
+    proxy.stop().await.unwrap();
+}
+
+/// No engine answers: the span still reaches the collector, as an error with the status the
+/// client got and the reason.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_no_engine_answers_ends_its_span_as_an_error() {
+    let (otlp, mut spans) = collector().await;
+    let mut endpoint = EndpointConfig::new(format!("http://{}", dead_addr()));
+    endpoint.model = Some(MODEL.into());
+    let proxy = RunningProxy::start(ProxyConfig {
+        endpoints: vec![endpoint],
+        models_refresh: None,
+        otlp_endpoint: Some(otlp),
+        ..ProxyConfig::default()
+    })
+    .await;
+    let head = send_any(
+        proxy.addr,
+        "otel-1",
+        &format!("traceparent: 00-{TRACE_ID}-{CLIENT_SPAN}-01\r\n"),
+    )
+    .await;
+    let status: i64 = head[9..12].parse().unwrap();
+    assert!(status >= 500, "{head}");
+    let span = span_of_request(&proxy, &mut spans).await;
+    assert_eq!(hex(&span.trace_id), TRACE_ID);
+    assert_eq!(int(&span, attr::STATUS), Some(status), "{span:?}");
+    assert!(
+        text(&span, attr::ERROR_TYPE).is_some_and(|r| !r.is_empty()),
+        "{span:?}"
+    );
+    assert_eq!(
+        span.status.as_ref().map(|s| s.code),
+        Some(StatusCode::Error as i32),
+        "{span:?}"
+    );
+    assert_eq!(
+        text(&span, attr::ENDPOINT),
+        None,
+        "no engine answered: {span:?}"
+    );
     proxy.stop().await.unwrap();
 }
 

@@ -144,6 +144,10 @@ impl Proxy {
                         endpoint: ep.name().to_owned(),
                         reason: e.to_string(),
                     };
+                    let mut tracker = tracker;
+                    if let Some(span) = &mut tracker.span {
+                        span.broke(err.reason());
+                    }
                     Err((err, guard))
                 }
             },
