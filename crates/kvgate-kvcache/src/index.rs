@@ -15,6 +15,7 @@ mod apply;
 mod confirm;
 mod endpoint;
 pub(crate) mod holders;
+mod stream;
 
 use std::collections::VecDeque;
 use std::hash::{BuildHasherDefault, Hasher};
@@ -28,6 +29,7 @@ use crate::keys::{BlockKey, BlockKeys};
 use crate::metrics::{EndpointMetrics, KvMetrics};
 use endpoint::EndpointState;
 use holders::{Holders, Holding};
+pub use stream::StreamHealth;
 
 /// Dense endpoint id, interned by [`KvIndex::register_endpoint`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -199,6 +201,8 @@ pub(crate) struct EndpointSlot {
     /// Holdings not confirmed since the engine's connection dropped (see
     /// [`KvIndex::set_unconfirmed`]).
     pub(crate) unconfirmed: AtomicBool,
+    /// The event stream's connection and sequence state (admin page).
+    pub(crate) stream: stream::StreamStatus,
     pub(crate) state: Mutex<EndpointState>,
 }
 
@@ -257,6 +261,7 @@ impl KvIndex {
                     label,
                     degraded: AtomicBool::new(false),
                     unconfirmed: AtomicBool::new(false),
+                    stream: stream::StreamStatus::default(),
                     state: Mutex::new(EndpointState::new(capacity)),
                     spec,
                 };

@@ -272,6 +272,7 @@ impl EndpointTask {
             if connected_before {
                 self.slot.metrics.reconnects.inc();
             }
+            self.slot.stream.set_connected(true);
             seq.new_connection();
             // Decided by the replay, or (no usable replay) by the first live batch.
             let mut verify_first_live = if self.source.replay.is_some() {
@@ -313,6 +314,7 @@ impl EndpointTask {
             }
             // The engine may be gone, or come back as a new process: until the next
             // connection is reconciled its holdings score nothing.
+            self.slot.stream.set_connected(false);
             self.index.set_unconfirmed(self.id(), true);
             tracing::warn!(endpoint = %endpoint, url = %self.source.kv_events, "kv events disconnected, reconnecting; holdings unconfirmed until reconciled");
             drop(sock);

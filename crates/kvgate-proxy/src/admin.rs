@@ -5,8 +5,9 @@
 //! | `GET /health` | `200 ok` while the process serves |
 //! | `GET /ready` | `200` when some endpoint is healthy, else `503` |
 //! | `GET /metrics` | every metric family, OpenMetrics text |
-//! | `GET /debug/state.json` | the endpoint registry's [`StateSnapshot`](kvgate_schedule::StateSnapshot) as JSON |
-//! | `GET /debug/state` | the same as an HTML table (`admin/state.html`) |
+//! | `GET /debug/state.json` | the endpoint registry's [`StateSnapshot`](kvgate_schedule::StateSnapshot) (KV stream health included) with each model's tokenizer chain and its counts, and the last decisions (`admin/view.rs`) as JSON |
+//! | `GET /debug/state` | the same as an operator's page (`admin/state.html`) that refreshes itself every 2 s |
+//! | `GET /debug/state?fragment=1` | the page's live part alone (`admin/state_live.html`), what the refresh fetches |
 //!
 //! With an admin token configured ([`ProxyConfig::admin_token`](crate::ProxyConfig::admin_token):
 //! `--admin-token`, `KVGATE_ADMIN_TOKEN`, YAML `admin_token`), every request but
@@ -20,8 +21,9 @@
 mod state_page;
 #[cfg(test)]
 mod tests;
+mod view;
 
-use std::{sync::Arc, time::Instant};
+use std::sync::Arc;
 
 use axum::{
     Router,
@@ -124,17 +126,30 @@ async fn encode_metrics(State(state): State<AdminState>) -> Response {
 }
 
 async fn state_json(State(state): State<AdminState>) -> Response {
-    let snapshot = state.proxy.registry().snapshot(Instant::now());
-    match serde_json::to_string_pretty(&snapshot) {
+    let view = view::AdminView::read(&state.proxy);
+    match serde_json::to_string_pretty(&view) {
         Ok(json) => with_type(json, "application/json"),
         Err(e) => internal_error("encoding the state", &e),
     }
 }
 
-async fn state_page(State(state): State<AdminState>) -> Response {
-    let snapshot = state.proxy.registry().snapshot(Instant::now());
-    match state_page::render(&snapshot) {
-        Ok(html) => with_type(html, "text/html; charset=utf-8"),
+async fn state_page(State(state): State<AdminState>, uri: Uri) -> Response {
+    let part = if uri
+        .query()
+        .is_some_and(|q| q.split('&').any(|kv| kv == "fragment=1"))
+    {
+        state_page::Part::Live
+    } else {
+        state_page::Part::Page
+    };
+    let view = view::AdminView::read(&state.proxy);
+    match state_page::render(&view, part) {
+        Ok(html) => {
+            let mut resp = with_type(html, "text/html; charset=utf-8");
+            resp.headers_mut()
+                .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+            resp
+        }
         Err(e) => internal_error("rendering the state page", &e),
     }
 }

@@ -197,6 +197,8 @@ pub struct Tracker {
     pub log: Option<LogEntry>,
     /// Counts SSE events too large to watch (`kvgate_sse_oversize_events_total`).
     pub sse_oversize: Option<prometheus_client::metrics::counter::Counter>,
+    /// The request's trace span (tracing on), ended when the tracker is dropped.
+    pub span: Option<crate::otel::RequestSpan>,
 }
 
 impl Tracker {
@@ -221,14 +223,23 @@ impl Tracker {
         if let (UsageWatch::Sse(obs), Some(counter)) = (&self.usage, &self.sse_oversize) {
             counter.inc_by(obs.oversize_events());
         }
-        let cached = self.usage.usage().and_then(|u| u.cached_tokens);
+        let usage = self.usage.usage();
+        let cached = usage.as_ref().and_then(|u| u.cached_tokens);
         if let Some(log) = &mut self.log {
             log.completed(cached);
+        }
+        if let (Some(span), Some(cached)) = (&mut self.span, cached) {
+            span.realized(cached);
         }
         if let (Some(realized), Some(cached)) = (&self.realized, cached) {
             realized
                 .registry
                 .record_realized(&realized.endpoint, realized.predicted, cached);
+            if let Some(prompt) = usage.as_ref().and_then(|u| u.prompt_tokens) {
+                realized
+                    .registry
+                    .record_prompt_tokens(&realized.endpoint, prompt);
+            }
         }
     }
 }

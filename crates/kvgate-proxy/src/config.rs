@@ -103,6 +103,9 @@ pub enum ConfigError {
     /// The decision log file could not be created.
     #[error("decision log {0}")]
     DecisionLog(String),
+    /// The OpenTelemetry exporter did not start.
+    #[error(transparent)]
+    Tracing(#[from] crate::otel::OtelError),
     /// An `--endpoint` flag is malformed.
     #[error("endpoint flag `{flag}`: {reason}")]
     BadEndpointFlag {
@@ -235,6 +238,10 @@ pub struct ProxyConfig {
     /// Admission and flow control (YAML `flow_control:`; `None`: off, every request is
     /// routed at once). See [`crate::admission`].
     pub flow_control: Option<crate::admission::FlowControlConfig>,
+    /// OpenTelemetry: the collector's OTLP/HTTP URL (YAML `tracing.otlp_endpoint`,
+    /// `--otlp-endpoint`; `None`: tracing off, nothing on the request path). See
+    /// [`crate::otel`].
+    pub otlp_endpoint: Option<String>,
 }
 
 impl Default for ProxyConfig {
@@ -266,6 +273,7 @@ impl Default for ProxyConfig {
             max_prompt_bytes_tokenized: DEFAULT_MAX_PROMPT_BYTES_TOKENIZED,
             discovery: None,
             flow_control: None,
+            otlp_endpoint: None,
         }
     }
 }
@@ -321,6 +329,9 @@ impl ProxyConfig {
         }
         if let Some(token) = file.admin_token.as_ref().filter(|t| !t.is_empty()) {
             self.admin_token.get_or_insert_with(|| token.clone());
+        }
+        if let Some(url) = file.tracing.as_ref().and_then(|t| t.otlp_endpoint.as_ref()) {
+            self.otlp_endpoint.get_or_insert_with(|| url.clone());
         }
         if let Some(engines) = &file.engines {
             self.engines = engines.clone();
@@ -405,6 +416,13 @@ impl ProxyConfig {
             (!weight_ok(w.gpu), "kv_index.tier_weights.gpu", WEIGHT),
             (!weight_ok(w.cpu), "kv_index.tier_weights.cpu", WEIGHT),
             (!weight_ok(w.disk), "kv_index.tier_weights.disk", WEIGHT),
+            (
+                self.otlp_endpoint
+                    .as_deref()
+                    .is_some_and(|u| crate::otel::traces_url(u).is_none()),
+                "tracing.otlp_endpoint",
+                "must be an http:// URL (e.g. http://otel-collector:4318)",
+            ),
         ];
         let mut issues: Vec<FieldIssue> = checks
             .into_iter()

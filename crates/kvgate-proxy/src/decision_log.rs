@@ -4,6 +4,9 @@
 //! time to first byte and end-to-end time (both from the decision), and the engine's realized
 //! `cached_tokens`. `ts_ms` is the decision's wall-clock time.
 //!
+//! The same record, once its response ends, also goes to the bounded ring of recent
+//! decisions that `/debug/state` shows ([`RecentDecisions`]), log file or not.
+//!
 //! Lines go through a bounded queue to one writer thread, so a slow disk never blocks a
 //! request: when the queue is full the line is dropped, counted in
 //! `kvgate_decision_log_dropped_total` and logged (at most once per second).
@@ -17,12 +20,13 @@
 //!   "total":1.0,"predicted_cached_tokens":2192,"load":{…},"scores":[…]}, …]}]}}
 //! ```
 
+use std::collections::VecDeque;
 use std::fs::File;
 use std::io::{self, BufWriter, Write};
 use std::path::Path;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender, TryRecvError, TrySendError, sync_channel};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use kvgate_schedule::DecisionView;
@@ -66,35 +70,6 @@ impl DecisionLog {
         })
     }
 
-    /// Starts the entry of one decision; it is written when dropped.
-    pub(crate) fn entry(
-        &self,
-        decision: DecisionView,
-        model: Option<&str>,
-        prompt_tokens: Option<u64>,
-        predicted: Option<u64>,
-    ) -> LogEntry {
-        LogEntry {
-            log: self.clone(),
-            started: Instant::now(),
-            record: Record {
-                ts_ms: SystemTime::now()
-                    .duration_since(UNIX_EPOCH)
-                    .map_or(0, |d| d.as_millis() as u64),
-                request_id: decision.request_id.clone(),
-                model: model.map(str::to_owned),
-                prompt_tokens,
-                status: 0,
-                outcome: "aborted",
-                ttft_ms: None,
-                e2e_ms: None,
-                predicted_cached_tokens: predicted,
-                realized_cached_tokens: None,
-                decision,
-            },
-        }
-    }
-
     fn send(&self, line: Vec<u8>) {
         match self.tx.try_send(line) {
             Ok(()) => {}
@@ -134,68 +109,184 @@ fn write_lines(rx: &Receiver<Vec<u8>>, mut out: BufWriter<File>) {
     }
 }
 
-#[derive(Debug, Serialize)]
-struct Record {
-    ts_ms: u64,
-    request_id: String,
-    model: Option<String>,
-    prompt_tokens: Option<u64>,
+/// One routed request's decision and what came of it: a decision log line, a row of the
+/// `/debug/state` decisions table.
+#[derive(Debug, Clone, Serialize)]
+pub struct DecisionRecord {
+    /// Wall-clock time of the decision, Unix milliseconds.
+    pub ts_ms: u64,
+    /// The request id.
+    pub request_id: String,
+    /// The canonical model.
+    pub model: Option<String>,
+    /// Prompt tokens as the router counted them.
+    pub prompt_tokens: Option<u64>,
+    /// The tokenizer backend that produced them (`local`, `render`, `estimate`; `None`:
+    /// routed without tokens).
+    pub tokenizer: Option<&'static str>,
     /// Engine status (0 when the response never started).
-    status: u16,
+    pub status: u16,
     /// `completed` when the body ended normally, `retried` when the attempt failed before any
     /// byte, else `aborted`.
-    outcome: &'static str,
-    ttft_ms: Option<f64>,
-    e2e_ms: Option<f64>,
-    predicted_cached_tokens: Option<u64>,
-    realized_cached_tokens: Option<u64>,
-    decision: DecisionView,
+    pub outcome: &'static str,
+    /// Time to the first response byte, from the decision.
+    pub ttft_ms: Option<f64>,
+    /// Time to the end of the response, from the decision.
+    pub e2e_ms: Option<f64>,
+    /// Cached prompt tokens predicted on the pick.
+    pub predicted_cached_tokens: Option<u64>,
+    /// Cached prompt tokens the engine reported.
+    pub realized_cached_tokens: Option<u64>,
+    /// Every candidate's scores and the pick.
+    pub decision: DecisionView,
 }
 
-/// One request's line, filled in as the response progresses and written on drop.
+impl DecisionRecord {
+    /// A record of `decision`, its outcome not known yet.
+    pub(crate) fn new(
+        decision: DecisionView,
+        model: Option<&str>,
+        prompt_tokens: Option<u64>,
+        tokenizer: Option<&'static str>,
+        predicted: Option<u64>,
+    ) -> DecisionRecord {
+        DecisionRecord {
+            ts_ms: SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as u64),
+            request_id: decision.request_id.clone(),
+            model: model.map(str::to_owned),
+            prompt_tokens,
+            tokenizer,
+            status: 0,
+            outcome: "aborted",
+            ttft_ms: None,
+            e2e_ms: None,
+            predicted_cached_tokens: predicted,
+            realized_cached_tokens: None,
+            decision,
+        }
+    }
+}
+
+/// The last few finished decisions, newest first when read (a bounded ring: the oldest is
+/// dropped when full).
+#[derive(Debug)]
+pub struct RecentDecisions {
+    capacity: usize,
+    ring: Mutex<VecDeque<DecisionRecord>>,
+}
+
+impl RecentDecisions {
+    /// Decisions kept by default.
+    pub const DEFAULT_CAPACITY: usize = 50;
+
+    /// An empty ring keeping at most `capacity` records.
+    pub fn new(capacity: usize) -> RecentDecisions {
+        RecentDecisions {
+            capacity,
+            ring: Mutex::new(VecDeque::with_capacity(capacity)),
+        }
+    }
+
+    fn push(&self, record: DecisionRecord) {
+        if self.capacity == 0 {
+            return;
+        }
+        let mut ring = self.ring.lock().unwrap_or_else(PoisonError::into_inner);
+        if ring.len() >= self.capacity {
+            ring.pop_front();
+        }
+        ring.push_back(record);
+    }
+
+    /// The records, newest first.
+    pub fn newest_first(&self) -> Vec<DecisionRecord> {
+        let ring = self.ring.lock().unwrap_or_else(PoisonError::into_inner);
+        ring.iter().rev().cloned().collect()
+    }
+}
+
+/// One request's record, filled in as the response progresses; on drop it is written to the
+/// decision log (when one is open) and kept in the recent decisions.
 #[derive(Debug)]
 pub struct LogEntry {
-    log: DecisionLog,
+    log: Option<DecisionLog>,
+    recent: Arc<RecentDecisions>,
     started: Instant,
-    record: Record,
+    record: Option<DecisionRecord>,
 }
 
 impl LogEntry {
+    /// Starts the entry of `record`'s decision.
+    pub(crate) fn new(
+        log: Option<DecisionLog>,
+        recent: Arc<RecentDecisions>,
+        record: DecisionRecord,
+    ) -> LogEntry {
+        LogEntry {
+            log,
+            recent,
+            started: Instant::now(),
+            record: Some(record),
+        }
+    }
+
+    fn record(&mut self) -> Option<&mut DecisionRecord> {
+        self.record.as_mut()
+    }
+
     /// The engine answered with `status`.
     pub(crate) fn status(&mut self, status: u16) {
-        self.record.status = status;
+        if let Some(r) = self.record() {
+            r.status = status;
+        }
     }
 
     /// The attempt failed before any response byte; the request was retried elsewhere.
     pub(crate) fn retried(&mut self) {
-        self.record.outcome = "retried";
+        if let Some(r) = self.record() {
+            r.outcome = "retried";
+        }
     }
 
     /// The first body byte arrived (the first call counts).
     pub(crate) fn first_byte(&mut self) {
-        if self.record.ttft_ms.is_none() {
-            self.record.ttft_ms = Some(self.started.elapsed().as_secs_f64() * 1e3);
+        let elapsed = self.started.elapsed();
+        if let Some(r) = self.record()
+            && r.ttft_ms.is_none()
+        {
+            r.ttft_ms = Some(elapsed.as_secs_f64() * 1e3);
         }
     }
 
     /// The body ended normally; `realized` is the engine's `cached_tokens` when it sent one.
     pub(crate) fn completed(&mut self, realized: Option<u64>) {
         self.first_byte();
-        self.record.outcome = "completed";
-        self.record.e2e_ms = Some(self.started.elapsed().as_secs_f64() * 1e3);
-        self.record.realized_cached_tokens = realized;
+        let elapsed = self.started.elapsed();
+        if let Some(r) = self.record() {
+            r.outcome = "completed";
+            r.e2e_ms = Some(elapsed.as_secs_f64() * 1e3);
+            r.realized_cached_tokens = realized;
+        }
     }
 }
 
 impl Drop for LogEntry {
     fn drop(&mut self) {
-        match serde_json::to_vec(&self.record) {
-            Ok(mut line) => {
-                line.push(b'\n');
-                self.log.send(line);
+        let Some(record) = self.record.take() else {
+            return;
+        };
+        if let Some(log) = &self.log {
+            match serde_json::to_vec(&record) {
+                Ok(mut line) => {
+                    line.push(b'\n');
+                    log.send(line);
+                }
+                Err(e) => tracing::warn!(error = %e, "decision log line not serializable"),
             }
-            Err(e) => tracing::warn!(error = %e, "decision log line not serializable"),
         }
+        self.recent.push(record);
     }
 }
 
@@ -213,6 +304,47 @@ mod tests {
             headers: vec![],
             runs: vec![],
             failed: vec![],
+        }
+    }
+
+    fn entry(
+        log: Option<&DecisionLog>,
+        recent: &Arc<RecentDecisions>,
+        id: &str,
+        prompt: Option<u64>,
+        predicted: Option<u64>,
+    ) -> LogEntry {
+        let record = DecisionRecord::new(view(id), Some("m"), prompt, Some("local"), predicted);
+        LogEntry::new(log.cloned(), Arc::clone(recent), record)
+    }
+
+    #[test]
+    fn the_ring_keeps_the_newest_records_without_a_log() {
+        // (name, capacity, entries written, want ids newest first)
+        let cases: [(&str, usize, usize, &[&str]); 4] = [
+            ("empty", 3, 0, &[]),
+            ("under capacity", 3, 2, &["1", "0"]),
+            ("full: oldest dropped", 3, 5, &["4", "3", "2"]),
+            ("capacity 0 keeps nothing", 0, 2, &[]),
+        ];
+        for (name, capacity, n, want) in cases {
+            let recent = Arc::new(RecentDecisions::new(capacity));
+            for i in 0..n {
+                let mut e = entry(None, &recent, &i.to_string(), Some(10), Some(4));
+                e.status(200);
+                e.completed(Some(i as u64));
+            }
+            let got = recent.newest_first();
+            let ids: Vec<&str> = got.iter().map(|r| r.request_id.as_str()).collect();
+            assert_eq!(ids, want, "{name}");
+            for r in &got {
+                assert_eq!(r.outcome, "completed", "{name}");
+                assert_eq!(
+                    r.realized_cached_tokens,
+                    r.request_id.parse().ok(),
+                    "{name}"
+                );
+            }
         }
     }
 
@@ -237,11 +369,12 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("d.jsonl");
         let log = DecisionLog::open(&path, &mut Registry::default()).unwrap();
+        let recent = Arc::new(RecentDecisions::new(8));
         {
-            let mut done = log.entry(view("a"), Some("m"), Some(100), Some(64));
+            let mut done = entry(Some(&log), &recent, "a", Some(100), Some(64));
             done.status(200);
             done.completed(Some(48));
-            let mut cut = log.entry(view("b"), Some("m"), Some(10), None);
+            let mut cut = entry(Some(&log), &recent, "b", Some(10), None);
             cut.status(200);
             cut.first_byte();
         }
@@ -265,6 +398,13 @@ mod tests {
         assert!(b["realized_cached_tokens"].is_null());
         assert!(b["ttft_ms"].is_number());
         assert!(b["e2e_ms"].is_null());
+        assert_eq!(a["tokenizer"], "local");
+        let kept: Vec<String> = recent
+            .newest_first()
+            .into_iter()
+            .map(|r| r.request_id)
+            .collect();
+        assert_eq!(kept.len(), 2, "both entries are also in the ring");
         std::fs::remove_dir_all(&dir).ok();
     }
 }

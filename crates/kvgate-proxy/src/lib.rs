@@ -17,6 +17,8 @@
 //! - [`loopback`]: [`loopback::RunningProxy`], a proxy on loopback ports in this process
 //!   (tests and `kvgate demo`).
 //! - [`metrics`]: the proxy's metric families.
+//! - [`otel`]: OpenTelemetry tracing (off unless configured): one span per forwarded
+//!   request, `traceparent` propagation to the engine.
 //! - [`server`]: accept loops (backing off after failed accepts) and graceful shutdown ([`run`]).
 //! - `admin`: the admin routes (`/health`, `/ready`, `/metrics`, `/debug/state[.json]`) and the
 //!   `/debug/state` page template.
@@ -34,6 +36,7 @@ pub mod error;
 pub mod loopback;
 pub mod metrics;
 mod models;
+pub mod otel;
 pub mod proxy;
 pub mod server;
 #[cfg(any(test, feature = "test-util"))]

@@ -153,7 +153,7 @@ impl Proxy {
         }
         let lists_pending = endpoints.iter().any(|e| e.served_models().is_none());
         for (model, parent) in models {
-            if decided.contains(&model) {
+            if decided.contains_key(&model) {
                 continue;
             }
             let named = self.named_chain(&model, parent.as_deref());
@@ -173,7 +173,13 @@ impl Proxy {
                 continue;
             }
             tracing::info!(model = %model, chain = %choice.describe(), reason = %choice.reason, "{}", choice.line());
-            decided.insert(model);
+            decided.insert(
+                model,
+                crate::proxy::ChainDecided {
+                    chain: choice.describe(),
+                    reason: choice.reason.clone(),
+                },
+            );
         }
     }
 

@@ -23,7 +23,7 @@
 //! discovery, replica sync without the HTTP proxy listener).
 
 use std::{
-    collections::{HashMap, HashSet},
+    collections::{BTreeMap, HashMap},
     sync::{Arc, Mutex},
     time::Instant,
 };
@@ -35,7 +35,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::{
     config::ProxyConfig,
-    decision_log::DecisionLog,
+    decision_log::{DecisionLog, RecentDecisions},
     metrics::{EndpointLabels, ProxyMetrics},
 };
 
@@ -82,9 +82,13 @@ pub struct Proxy {
     pub(crate) metrics: ProxyMetrics,
     /// Each endpoint's `/v1/models` objects, by endpoint name.
     pub(crate) model_objects: Mutex<HashMap<String, Arc<Vec<serde_json::Value>>>>,
-    /// Models whose tokenizer chain is decided (and its line logged).
-    pub(crate) chains_decided: Mutex<HashSet<String>>,
+    /// Models whose tokenizer chain is decided (and its line logged): the chain and why.
+    pub(crate) chains_decided: Mutex<BTreeMap<String, ChainDecided>>,
     decision_log: Option<DecisionLog>,
+    /// The last finished decisions, for `/debug/state`.
+    pub(crate) recent: Arc<RecentDecisions>,
+    /// OpenTelemetry tracing (`None`: off, nothing on the request path).
+    pub(crate) otel: Option<crate::otel::Otel>,
     /// Prefix tokenizations parked after the pick, completed by a sibling on demand.
     parked: parked::ParkedPrefixes,
     cancel: CancellationToken,
@@ -93,6 +97,15 @@ pub struct Proxy {
     replica: std::sync::OnceLock<Arc<kvgate_replica::ReplicaSync>>,
     /// Admission and flow control (`None`: off, no permit taken).
     pub(crate) flow: Option<crate::admission::FlowControl>,
+}
+
+/// A model's tokenizer chain as decided (the `/debug/state` models table).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub(crate) struct ChainDecided {
+    /// The backends in order, e.g. `render(http://10.0.0.1:8000) → estimate`.
+    pub(crate) chain: String,
+    /// Why this chain.
+    pub(crate) reason: String,
 }
 
 /// The background tasks of a front door other than [`crate::run`]'s: the admin server and
@@ -211,6 +224,12 @@ impl Proxy {
     /// Stops background tasks (scraping, KV-event subscribers).
     pub fn shutdown(&self) {
         self.cancel.cancel();
+    }
+
+    /// The OpenTelemetry exporter, when tracing is configured (to flush or shut down; both
+    /// block, so call them off the async threads).
+    pub fn otel(&self) -> Option<&crate::otel::Otel> {
+        self.otel.as_ref()
     }
 
     /// Records a connect-level failure; the endpoint is ejected with backoff.

@@ -62,6 +62,10 @@ pub async fn run(
     )
     .await;
     proxy.shutdown();
+    if let Some(otel) = proxy.otel().cloned() {
+        // Exports the spans still queued; blocking, so off the async threads.
+        let _ = tokio::task::spawn_blocking(move || otel.shutdown()).await;
+    }
     admin_task.abort();
     if let Some(task) = discovery {
         task.abort();

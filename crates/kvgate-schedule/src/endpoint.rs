@@ -158,6 +158,9 @@ pub(crate) struct RealizedCounters {
     pub(crate) predicted_tokens: AtomicU64,
     pub(crate) realized_tokens: AtomicU64,
     pub(crate) mispredicted: AtomicU64,
+    /// Sum of engine-reported prompt tokens of the requests counted in `requests` that
+    /// reported them.
+    pub(crate) prompt_tokens: AtomicU64,
 }
 
 /// What [`EndpointState::new`] needs besides the URL.

@@ -112,5 +112,5 @@ pub use self::{
         RegistryHandles,
     },
     scheduler::{Scheduler, SchedulerHandles},
-    snapshot::{EndpointSnapshot, IndexSnapshot, StateSnapshot},
+    snapshot::{EndpointSnapshot, IndexSnapshot, KvStreamSnapshot, StateSnapshot},
 };

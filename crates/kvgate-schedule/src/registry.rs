@@ -318,6 +318,15 @@ impl EndpointRegistry {
             .record_outcome(&label, predicted, realized, bs);
     }
 
+    /// Adds the engine-reported prompt tokens of a request counted by
+    /// [`EndpointRegistry::record_realized`], so hit rates read as shares of the prompt.
+    pub fn record_prompt_tokens(&self, endpoint: &EndpointState, prompt_tokens: u64) {
+        endpoint
+            .counters
+            .prompt_tokens
+            .fetch_add(prompt_tokens, std::sync::atomic::Ordering::Relaxed);
+    }
+
     /// Applies a new endpoint list (see the module docs). Validates everything first; on error
     /// nothing changes.
     ///

@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Instant;
 
+use kvgate_kvcache::StreamHealth;
 use serde::Serialize;
 
 use crate::endpoint::{EndpointState, Role};
@@ -75,6 +76,59 @@ pub struct EndpointSnapshot {
     pub realized_tokens: u64,
     /// Requests whose prediction was off by more than one block.
     pub mispredicted_requests: u64,
+    /// Sum of engine-reported prompt tokens over the reported requests that carried them
+    /// (the denominator of the predicted and realized hit rates).
+    pub prompt_tokens: u64,
+    /// The KV event stream, for an endpoint fed by KV events.
+    pub kv_stream: Option<KvStreamSnapshot>,
+}
+
+/// One endpoint's KV event stream (see [`kvgate_kvcache::StreamHealth`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct KvStreamSnapshot {
+    /// A connection to the engine's publisher is up.
+    pub connected: bool,
+    /// Highest sequence number applied since the holdings were last dropped.
+    pub last_seq: Option<u64>,
+    /// Live batches received.
+    pub batches: u64,
+    /// Milliseconds since the last live batch arrived.
+    pub last_batch_age_ms: Option<u64>,
+    /// The last live batch's arrival minus its engine timestamp, in milliseconds.
+    pub lag_ms: Option<u64>,
+    /// Sequence gaps detected.
+    pub gaps: u64,
+    /// Complete replays.
+    pub replays_ok: u64,
+    /// Partial or failed replays.
+    pub replays_failed: u64,
+    /// Engine restarts detected.
+    pub restarts: u64,
+    /// Connections after the first.
+    pub reconnects: u64,
+    /// Holdings unconfirmed (they score nothing until reconciled).
+    pub unconfirmed: bool,
+    /// The index may be missing events.
+    pub degraded: bool,
+}
+
+impl From<StreamHealth> for KvStreamSnapshot {
+    fn from(h: StreamHealth) -> Self {
+        KvStreamSnapshot {
+            connected: h.connected,
+            last_seq: h.last_seq,
+            batches: h.batches,
+            last_batch_age_ms: h.last_batch_age_ms,
+            lag_ms: h.lag_ms,
+            gaps: h.gaps,
+            replays_ok: h.replays_ok,
+            replays_failed: h.replays_failed,
+            restarts: h.restarts,
+            reconnects: h.reconnects,
+            unconfirmed: h.unconfirmed,
+            degraded: h.degraded,
+        }
+    }
 }
 
 impl EndpointRegistry {
@@ -127,5 +181,11 @@ fn endpoint_snapshot(reg: &EndpointRegistry, e: &EndpointState, now: Instant) ->
         predicted_tokens: c.predicted_tokens.load(Relaxed),
         realized_tokens: c.realized_tokens.load(Relaxed),
         mispredicted_requests: c.mispredicted.load(Relaxed),
+        prompt_tokens: c.prompt_tokens.load(Relaxed),
+        kv_stream: e
+            .has_kv_events()
+            .then(|| index.stream_health(e.kv_id()))
+            .flatten()
+            .map(KvStreamSnapshot::from),
     }
 }

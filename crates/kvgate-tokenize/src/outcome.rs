@@ -67,6 +67,25 @@ pub enum FallbackReason {
 }
 
 impl FallbackReason {
+    /// Every reason, in declaration order (to read back each `kvgate_tokenize_total` series).
+    pub const ALL: [FallbackReason; 15] = [
+        FallbackReason::NoTokenizer,
+        FallbackReason::NoChatTemplate,
+        FallbackReason::NoRenderUrl,
+        FallbackReason::TemplateError,
+        FallbackReason::EncodeError,
+        FallbackReason::RenderHttpError,
+        FallbackReason::RenderUnreachable,
+        FallbackReason::RenderTimeout,
+        FallbackReason::RenderBadResponse,
+        FallbackReason::UnsupportedApi,
+        FallbackReason::UnsupportedFeature,
+        FallbackReason::MediaNeedsRender,
+        FallbackReason::BodyNotJson,
+        FallbackReason::InvalidRequest,
+        FallbackReason::TokenizerPanic,
+    ];
+
     /// A stable label for metrics and logs.
     pub fn label(self) -> &'static str {
         match self {
@@ -170,5 +189,38 @@ impl Tokenized {
             .first()
             .map(|p| p.token_ids.as_slice())
             .unwrap_or(&[])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::FallbackReason::{self, *};
+
+    /// Declaration order; exhaustive, so a new reason does not compile until it is listed.
+    fn position(r: FallbackReason) -> usize {
+        match r {
+            NoTokenizer => 0,
+            NoChatTemplate => 1,
+            NoRenderUrl => 2,
+            TemplateError => 3,
+            EncodeError => 4,
+            RenderHttpError => 5,
+            RenderUnreachable => 6,
+            RenderTimeout => 7,
+            RenderBadResponse => 8,
+            UnsupportedApi => 9,
+            UnsupportedFeature => 10,
+            MediaNeedsRender => 11,
+            BodyNotJson => 12,
+            InvalidRequest => 13,
+            TokenizerPanic => 14,
+        }
+    }
+
+    #[test]
+    fn all_lists_every_reason_once_in_order() {
+        for (i, r) in FallbackReason::ALL.into_iter().enumerate() {
+            assert_eq!(position(r), i, "{}", r.label());
+        }
     }
 }

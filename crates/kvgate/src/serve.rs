@@ -113,6 +113,11 @@ pub(crate) struct ServeArgs {
     /// address may be listed too, so every replica can get the same list).
     #[arg(long = "replica-peer", value_name = "ZMQ_ADDR")]
     replica_peers: Vec<String>,
+    /// Export one OpenTelemetry span per forwarded request to this OTLP/HTTP collector
+    /// (e.g. http://otel-collector:4318) and send engines a `traceparent` naming it
+    /// [default: the config's `tracing.otlp_endpoint`, else off]. `kvgate serve` only.
+    #[arg(long, value_name = "URL")]
+    otlp_endpoint: Option<String>,
 }
 
 pub(crate) fn main(args: ServeArgs) -> anyhow::Result<()> {
@@ -263,6 +268,9 @@ pub(crate) fn proxy_config(args: &ServeArgs, file: &FileConfig) -> anyhow::Resul
     config.expose_internals |= args.expose_internals;
     if let Some(token) = args.admin_token.as_ref().filter(|t| !t.is_empty()) {
         config.admin_token = Some(token.clone());
+    }
+    if let Some(url) = &args.otlp_endpoint {
+        config.otlp_endpoint = Some(url.clone());
     }
     config.decision_log.clone_from(&args.decision_log);
     if config.scheduler.is_empty() {

@@ -125,3 +125,48 @@ fn endpoints_file_is_watched_and_a_config_reload_keeps_its_endpoints() {
         "the reload kept the discovered endpoints"
     );
 }
+
+/// `--otlp-endpoint` reaches the config: a URL tracing cannot export to stops `kvgate serve`
+/// at start with the field named (exit 1, no panic); a good one serves.
+#[test]
+fn otlp_endpoint_flag_is_validated_at_start() {
+    let dead = dead_addr();
+    let run = |otlp: &str| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_kvgate"))
+            .args([
+                "serve",
+                "--listen",
+                "127.0.0.1:0",
+                "--admin-listen",
+                "127.0.0.1:0",
+            ])
+            .args([
+                "--endpoint",
+                &format!("http://{dead}"),
+                "--otlp-endpoint",
+                otlp,
+            ])
+            .args(["--models-refresh", "0s"])
+            .output()
+            .unwrap()
+    };
+    for bad in ["https://collector:4318", "collector:4318", ""] {
+        let out = run(bad);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{bad}: {stderr}");
+        assert!(stderr.contains("tracing.otlp_endpoint"), "{bad}: {stderr}");
+        assert!(!stderr.contains("panicked"), "{bad}: {stderr}");
+    }
+    let good = Kvgate::start(&[
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--admin-listen",
+        "127.0.0.1:0",
+        "--endpoint",
+        &format!("http://{dead}"),
+        "--otlp-endpoint",
+        &format!("http://{dead}"),
+    ]);
+    good.wait_for("kvgate serving", 1);
+}

@@ -70,7 +70,9 @@ impl EndpointTask {
                 }
             }
         }
-        self.apply(seq, &payload);
+        if let Some(ts) = self.apply(seq, &payload) {
+            self.slot.stream.received(ts);
+        }
         tracker.advance(seq);
         true
     }
@@ -78,6 +80,7 @@ impl EndpointTask {
     /// Drops the endpoint's holdings (and what was applied).
     pub(super) fn clear(&mut self) {
         self.index.clear_endpoint(self.id());
+        self.slot.stream.reset_seq();
         self.last_applied = None;
     }
 
@@ -95,7 +98,7 @@ impl EndpointTask {
         );
         let outcome = tokio::select! {
             _ = cancel.cancelled() => return,
-            o = replay::replay(&url, from, until, idle, total, |s, p| self.apply(s, p)) => o,
+            o = replay::replay(&url, from, until, idle, total, |s, p| { self.apply(s, p); }) => o,
         };
         match outcome {
             ReplayOutcome::Complete => {
@@ -118,11 +121,13 @@ impl EndpointTask {
         }
     }
 
-    /// Decodes one batch and applies it to the index.
-    pub(super) fn apply(&mut self, seq: u64, payload: &[u8]) {
+    /// Decodes one batch and applies it to the index; returns the batch's timestamp when it
+    /// decoded.
+    pub(super) fn apply(&mut self, seq: u64, payload: &[u8]) -> Option<f64> {
         if self.last_applied.is_none_or(|(s, _)| seq >= s) {
             self.last_applied = Some((seq, fingerprint(payload)));
         }
+        self.slot.stream.applied(seq);
         match decode_batch(payload) {
             Ok((batch, stats)) => {
                 let m = &self.slot.metrics;
@@ -146,12 +151,14 @@ impl EndpointTask {
                     self.index.set_degraded(self.id(), false);
                 }
                 self.index.apply_batch(self.id(), &batch);
+                Some(batch.ts)
             }
             Err(e) => {
                 self.slot.metrics.decode_payload.inc();
                 if self.warn.allow() {
                     tracing::warn!(endpoint = %self.slot.label, seq, error = %e, "kv event payload undecodable");
                 }
+                None
             }
         }
     }

@@ -126,7 +126,7 @@ async fn wrong_method_is_405_and_unknown_path_404_both_json() {
 #[tokio::test]
 async fn every_admin_path_answers_get() {
     let (proxy, name) = start().await;
-    let html_cell = format!("<td>{name}</td>");
+    let html_cell = format!("<td class=\"l\">{name}</td>");
     let url_json = format!("\"name\": \"{name}\"");
     // (method, path, content type, a piece of the body)
     let cases = [
@@ -165,11 +165,49 @@ async fn every_admin_path_answers_get() {
     assert_eq!(exchange(&proxy, "HEAD", "/health").await.body, "");
 }
 
+/// `?fragment=1` is the live part alone (no page shell, no script); other queries, bad ones
+/// included, get the whole page.
+#[tokio::test]
+async fn state_fragment_is_the_live_part() {
+    let (proxy, name) = start().await;
+    // (path, want the page shell)
+    let cases = [
+        ("/debug/state", true),
+        ("/debug/state?fragment=1", false),
+        ("/debug/state?x=1&fragment=1", false),
+        ("/debug/state?fragment=0", true),
+        ("/debug/state?fragment=%ZZ&&=", true),
+    ];
+    for (path, page) in cases {
+        let r = exchange(&proxy, "GET", path).await;
+        assert_eq!(r.status, 200, "{path}: {}", r.body);
+        assert_eq!(r.header("cache-control"), Some("no-store"), "{path}");
+        assert_eq!(r.body.contains("<script>"), page, "{path}: {}", r.body);
+        assert_eq!(r.body.contains("<!doctype html>"), page, "{path}");
+        assert!(
+            r.body.contains(&format!("data-endpoint=\"{name}\"")),
+            "{path}"
+        );
+    }
+    let json: serde_json::Value =
+        serde_json::from_str(&exchange(&proxy, "GET", "/debug/state.json").await.body).unwrap();
+    for key in [
+        "endpoints",
+        "index",
+        "models",
+        "decisions",
+        "generated_unix_ms",
+    ] {
+        assert!(!json[key].is_null(), "{key} in {json}");
+    }
+    assert_eq!(json["endpoints"][0]["kv_stream"], serde_json::Value::Null);
+}
+
 #[tokio::test]
 async fn state_page_escapes_labels() {
     let (proxy, _) = start().await;
     let page = exchange(&proxy, "GET", "/debug/state").await.body;
-    assert!(!page.contains("<script"), "{page}");
+    assert!(!page.contains("<script>alert"), "{page}");
     assert!(
         page.contains("team=&lt;script&gt;alert(1)&lt;&#x2f;script&gt;"),
         "{page}"
@@ -213,7 +251,13 @@ async fn admin_token_guards_all_but_the_probes() {
         ..ProxyConfig::default()
     };
     let proxy = RunningProxy::start(config).await;
-    for path in ["/metrics", "/debug/state.json", "/debug/state", "/nope"] {
+    let guarded = [
+        "/metrics",
+        "/debug/state.json",
+        "/debug/state",
+        "/debug/state?fragment=1",
+    ];
+    for path in guarded.into_iter().chain(["/nope"]) {
         for auth in [
             None,
             Some("Bearer wrong"),
@@ -228,7 +272,7 @@ async fn admin_token_guards_all_but_the_probes() {
             assert_eq!(v["error"]["code"], "unauthorized", "{path}");
         }
     }
-    for path in ["/metrics", "/debug/state.json", "/debug/state"] {
+    for path in guarded {
         let r = get_with(&proxy, path, Some("Bearer s3cret")).await;
         assert_eq!(r.status, 200, "{path}: {}", r.body);
     }

@@ -71,6 +71,9 @@ pub struct FileConfig {
     /// Phase timeouts of client connections and engine responses.
     #[serde(default)]
     pub timeouts: TimeoutsSpec,
+    /// OpenTelemetry tracing (absent: off). Read at start.
+    #[serde(default)]
+    pub tracing: Option<TracingSpec>,
     /// Bearer token the admin routes require (all but `/health` and `/ready`); absent or
     /// empty: no authentication. `--admin-token` / `KVGATE_ADMIN_TOKEN` take precedence.
     #[serde(default)]
@@ -176,6 +179,20 @@ impl TimeoutsSpec {
             stream_idle: Duration::from_millis(self.stream_idle_ms),
         }
     }
+}
+
+/// `tracing:`: export one span per forwarded request over OTLP/HTTP (protobuf), and send
+/// engines a `traceparent` naming it.
+///
+/// ```yaml
+/// tracing: { otlp_endpoint: http://otel-collector:4318 }
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TracingSpec {
+    /// The collector's OTLP/HTTP base URL (`/v1/traces` is appended unless the URL already
+    /// ends with it); `http://` only. Absent: tracing stays off.
+    pub otlp_endpoint: Option<String>,
 }
 
 /// `replica_sync:`: router replicas in front of one fleet tell each other what they

@@ -381,3 +381,52 @@ fn bad_flow_control_values_give_clear_errors() {
         );
     }
 }
+
+#[test]
+fn tracing_section_turns_otlp_on_and_rejects_what_cannot_export() {
+    /// The endpoint tracing ends up with, or a piece of the error.
+    type Want = Result<Option<&'static str>, &'static str>;
+    // (name, YAML, flag already set, want)
+    let cases: [(&str, &str, Option<&str>, Want); 6] = [
+        ("absent: off", "", None, Ok(None)),
+        ("empty section: off", "tracing: {}\n", None, Ok(None)),
+        (
+            "set",
+            "tracing: { otlp_endpoint: http://c:4318 }\n",
+            None,
+            Ok(Some("http://c:4318")),
+        ),
+        (
+            "the flag wins",
+            "tracing: { otlp_endpoint: http://c:4318 }\n",
+            Some("http://flag:4318"),
+            Ok(Some("http://flag:4318")),
+        ),
+        (
+            "https is not built in",
+            "tracing: { otlp_endpoint: https://c:4318 }\n",
+            None,
+            Err("tracing.otlp_endpoint: must be an http:// URL"),
+        ),
+        (
+            "not a URL",
+            "tracing: { otlp_endpoint: 'c 4318' }\n",
+            None,
+            Err("tracing.otlp_endpoint"),
+        ),
+    ];
+    for (name, yaml, flag, want) in cases {
+        let file = FileConfig::from_yaml(yaml).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let mut cfg = ProxyConfig {
+            otlp_endpoint: flag.map(str::to_owned),
+            ..ProxyConfig::default()
+        };
+        match (cfg.merge_file(&file), want) {
+            (Ok(()), Ok(endpoint)) => assert_eq!(cfg.otlp_endpoint.as_deref(), endpoint, "{name}"),
+            (Err(e), Err(piece)) => assert!(e.to_string().contains(piece), "{name}: {e}"),
+            (got, want) => panic!("{name}: got {got:?}, want {want:?}"),
+        }
+    }
+    let unknown = FileConfig::from_yaml("tracing: { endpoint: http://c:4318 }\n").unwrap_err();
+    assert!(unknown.to_string().contains("endpoint"), "{unknown}");
+}

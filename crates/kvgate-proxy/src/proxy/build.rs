@@ -16,7 +16,7 @@ use super::Proxy;
 use crate::{
     admission::FlowControl,
     config::{ConfigError, ProxyConfig},
-    decision_log::DecisionLog,
+    decision_log::{DecisionLog, RecentDecisions},
     metrics::{FlowMetrics, ProxyMetrics},
 };
 
@@ -85,6 +85,11 @@ impl Proxy {
             metrics.inflight_body_bytes.clone(),
             metrics.body_budget_rejected.clone(),
         );
+        let otel = config
+            .otlp_endpoint
+            .as_deref()
+            .map(crate::otel::Otel::new)
+            .transpose()?;
         let replica_metrics = config
             .replica_sync
             .as_ref()
@@ -107,6 +112,8 @@ impl Proxy {
             model_objects: Mutex::default(),
             chains_decided: Mutex::default(),
             decision_log,
+            recent: Arc::new(RecentDecisions::new(RecentDecisions::DEFAULT_CAPACITY)),
+            otel,
             cancel,
             replica_metrics,
             replica: std::sync::OnceLock::new(),

@@ -17,7 +17,7 @@ use http::HeaderMap;
 use kvgate_kvcache::{BlockKeys, KeyScope, KvIndex, MmSpan, PrefixScores, block_keys};
 use kvgate_request::SealedRequest;
 use kvgate_schedule::{EndpointState, RequestFacts};
-use kvgate_tokenize::{MmItem, PrefixSession, TokenizeError};
+use kvgate_tokenize::{BackendKind, MmItem, PrefixSession, TokenizeError};
 
 use super::Proxy;
 use crate::{error::ProxyError, metrics::FallbackLabels};
@@ -258,10 +258,10 @@ impl Proxy {
         &self,
         sealed: &SealedRequest,
         headers: &HeaderMap,
-    ) -> Result<(RequestFacts, Option<PendingPrefix>), ProxyError> {
+    ) -> Result<(RequestFacts, Option<PendingPrefix>, Option<BackendKind>), ProxyError> {
         let facts = RequestFacts::from_request(sealed, headers);
         let Some(model) = sealed.model() else {
-            return Ok((facts, None));
+            return Ok((facts, None, None));
         };
         let mut facts = facts;
         if let Some(base) = self.lora_parent(model) {
@@ -269,7 +269,7 @@ impl Proxy {
             facts = facts.with_lora_adapter(model);
         }
         if self.tokenizer.chain(model).is_none() || !sealed.api().is_parsed() {
-            return Ok((facts, None));
+            return Ok((facts, None, None));
         }
         let limit = self.config.max_prompt_bytes_tokenized;
         if sealed.body().len() > limit {
@@ -285,7 +285,7 @@ impl Proxy {
                 limit_bytes = limit,
                 "routing on load without tokenizing: prompt too large"
             );
-            return Ok((facts, None));
+            return Ok((facts, None, None));
         }
         if self.config.tokenize_prefix {
             match self.prefix_tokens(sealed, &facts).await {
@@ -299,11 +299,12 @@ impl Proxy {
                         model: facts.lora_adapter.clone().unwrap_or(facts.model.clone()),
                         cache_salt: facts.cache_salt.clone(),
                     });
-                    return Ok((facts, pending));
+                    // A prefix session is the local tokenizer's.
+                    return Ok((facts, pending, Some(BackendKind::Local)));
                 }
                 Ok(None) => {}
                 Err(e @ (TokenizeError::QueueFull | TokenizeError::Busy)) => {
-                    return Ok((shed(facts, &e), None));
+                    return Ok((shed(facts, &e), None, None));
                 }
                 Err(e) => tracing::debug!(error = %e, "prefix tokenization failed"),
             }
@@ -311,6 +312,7 @@ impl Proxy {
         match self.tokenizer.tokenize(sealed).await {
             Ok(t) => {
                 let exact = t.exact;
+                let backend = t.backend;
                 // Move the first prompt's ids out rather than copying them.
                 let (ids, mm) = t
                     .prompts
@@ -318,15 +320,15 @@ impl Proxy {
                     .next()
                     .map(|p| (p.token_ids, mm_spans(p.mm_items)))
                     .unwrap_or_default();
-                Ok((facts.with_tokens(ids, exact, mm), None))
+                Ok((facts.with_tokens(ids, exact, mm), None, Some(backend)))
             }
             Err(e @ (TokenizeError::QueueFull | TokenizeError::Busy)) => {
-                Ok((shed(facts, &e), None))
+                Ok((shed(facts, &e), None, None))
             }
             // Every fallback was logged and counted by the chain; route on load alone.
             Err(e) => {
                 tracing::debug!(error = %e, "routing without prompt tokens");
-                Ok((facts, None))
+                Ok((facts, None, None))
             }
         }
     }

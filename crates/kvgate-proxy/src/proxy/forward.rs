@@ -17,6 +17,7 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use kvgate_request::{Api, SealedRequest};
 use kvgate_schedule::EndpointState;
+use kvgate_tokenize::BackendKind;
 use tracing::Instrument;
 
 use super::{
@@ -32,6 +33,7 @@ use crate::{
     body::{ProxyBody, RequestGuard, full},
     error::{Origin, ProxyError},
     metrics::{ApiLabels, EndpointLabels, ErrorLabels},
+    otel::{Decided, RequestSpan, TRACEPARENT},
 };
 
 mod read;
@@ -139,26 +141,52 @@ impl Proxy {
     ) -> Result<Response<ProxyBody>, (ProxyError, RequestGuard)> {
         let api = route.api();
         let (parts, body) = req.into_parts();
+        // Tracing on: the request's span, its parent the client's `traceparent`.
+        let mut span = self
+            .otel
+            .as_ref()
+            .map(|o| o.start(&parts.headers, request_id));
+        // Ends the span as failed with the error's status and reason.
+        let failed = |e: ProxyError, span: Option<RequestSpan>| {
+            if let Some(mut span) = span {
+                span.failed(e.status().as_u16(), e.reason());
+            }
+            e
+        };
         // The body's share of the in-flight budget, given back when this function returns
         // (the sealed bytes are dropped with `routed`) or its future is dropped.
         let (bytes, _reservation) = match self.read_body(&parts.headers, body).await {
             Ok(read) => read,
-            Err(e) => return Err((e, guard)),
+            Err(e) => return Err((failed(e, span), guard)),
         };
         let routed = self.route(route, bytes, &parts.headers, request_id).await;
         let mut routed = match routed {
             Ok(routed) => routed,
-            Err(e) => return Err((e, guard)),
+            Err(e) => return Err((failed(e, span), guard)),
         };
         if let Err(e) = self.admit(&mut routed, &parts.headers).await {
-            return Err((e, guard));
+            return Err((failed(e, span), guard));
         }
-        let headers = upstream_headers(&parts.headers, request_id);
+        let mut headers = upstream_headers(&parts.headers, request_id);
+        if let Some(span) = &span {
+            // The only change tracing makes to the forwarded request.
+            headers.insert(TRACEPARENT, span.traceparent().clone());
+        }
         let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
         let mut sent = match self.send(&parts.method, path, &headers, &mut routed).await {
             Ok(sent) => sent,
-            Err(e) => return Err((e, guard)),
+            Err(e) => return Err((failed(e, span), guard)),
         };
+        if let Some(span) = &mut span {
+            span.decided(Decided {
+                endpoint: sent.pick.endpoint.name(),
+                model: routed.sealed().model(),
+                prompt_tokens: routed.prompt_tokens(),
+                predicted_cached_tokens: sent.pick.predicted,
+                tokenizer: routed.tokenizer().map(BackendKind::label),
+                attempts: routed.tried().len(),
+            });
+        }
         self.metrics
             .first_byte
             .get_or_create(&ApiLabels { api: api.label() })
@@ -168,7 +196,7 @@ impl Proxy {
             permit: routed.take_permit(),
             slot: sent.pick.slot.take(),
         };
-        let resp = self.respond(sent, routed.sealed(), guard).await?;
+        let resp = self.respond(sent, routed.sealed(), guard, span).await?;
         if held.is_empty() {
             return Ok(resp);
         }

@@ -22,12 +22,13 @@ use kvgate_request::{Api, ParseError, Request, SealedRequest};
 use kvgate_schedule::{
     CycleState, EndpointState, InFlightGuard, RequestFacts, ScheduleError, Scheduler,
 };
+use kvgate_tokenize::BackendKind;
 
 use super::{Proxy, facts::PendingPrefix, routes::Route};
 use crate::{
     admission::{EndpointSlot, Permit, RejectReason},
     body::{Realized, Tracker, UsageWatch},
-    decision_log::LogEntry,
+    decision_log::{DecisionRecord, LogEntry},
     error::ProxyError,
 };
 
@@ -47,6 +48,8 @@ pub struct Routed {
     subset: Option<Vec<String>>,
     /// The flow-control permit ([`Proxy::admit`]); picks take endpoint slots under it.
     permit: Option<Permit>,
+    /// The tokenizer backend that produced the prompt tokens (`None`: not tokenized).
+    tokenizer: Option<BackendKind>,
 }
 
 impl Routed {
@@ -64,6 +67,16 @@ impl Routed {
     /// subset hint. An empty list leaves no candidate.
     pub fn restrict_to(&mut self, names: Vec<String>) {
         self.subset = Some(names);
+    }
+
+    /// The tokenizer backend that produced the prompt tokens (`None`: routed without them).
+    pub fn tokenizer(&self) -> Option<BackendKind> {
+        self.tokenizer
+    }
+
+    /// Prompt tokens as the router counted them (`None`: not tokenized).
+    pub fn prompt_tokens(&self) -> Option<u64> {
+        self.facts.prompt_tokens
     }
 
     /// Takes the flow-control permit (to hold until the response ends); later picks take no
@@ -114,14 +127,14 @@ impl Proxy {
         headers: &HeaderMap,
         request_id: &str,
     ) -> Result<Routed, ProxyError> {
-        let (sealed, facts, pending) = if *route == Route::ByModel {
+        let (sealed, facts, pending, tokenizer) = if *route == Route::ByModel {
             let (sealed, parse_error) = self.seal_by_model(body, request_id)?;
             let facts = self.by_model_facts(&sealed, parse_error, headers)?;
-            (sealed, facts, None)
+            (sealed, facts, None, None)
         } else {
             let sealed = self.seal(Request::parse(route.api(), body)?, request_id);
-            let (facts, pending) = self.request_facts(&sealed, headers).await?;
-            (sealed, facts, pending)
+            let (facts, pending, tokenizer) = self.request_facts(&sealed, headers).await?;
+            (sealed, facts, pending, tokenizer)
         };
         self.check_served(&sealed)?;
         Ok(Routed {
@@ -132,6 +145,7 @@ impl Proxy {
             tried: Vec::new(),
             subset: None,
             permit: None,
+            tokenizer,
         })
     }
 
@@ -361,14 +375,18 @@ impl Proxy {
         };
         let guards = decision.take_guards();
         let predicted = decision.predicted_cached_tokens();
-        let log = self.decision_log.as_ref().map(|l| {
-            l.entry(
-                decision.to_view(),
-                routed.sealed.model(),
-                routed.facts.prompt_tokens,
-                predicted,
-            )
-        });
+        let record = DecisionRecord::new(
+            decision.to_view(),
+            routed.sealed.model(),
+            routed.facts.prompt_tokens,
+            routed.tokenizer.map(BackendKind::label),
+            predicted,
+        );
+        let log = Some(LogEntry::new(
+            self.decision_log.clone(),
+            Arc::clone(&self.recent),
+            record,
+        ));
         let endpoint = decision.endpoint().clone();
         let fallbacks = fallbacks(decision.primary(), endpoint.name());
         if let Some(p) = routed.pending.take() {
@@ -424,6 +442,7 @@ impl Proxy {
             usage,
             log,
             sse_oversize: Some(self.metrics.sse_oversize.clone()),
+            span: None,
         }
     }
 }

@@ -12,6 +12,7 @@ use crate::{
     body::{ProxyBody, Realized, RequestGuard, StreamBody, Tracker, UsageWatch, full},
     error::ProxyError,
     metrics::PhaseLabels,
+    otel::RequestSpan,
 };
 
 /// Largest non-streamed (JSON) engine body kvgate buffers to restore an aliased model name.
@@ -39,6 +40,7 @@ impl Proxy {
         sent: Sent,
         sealed: &SealedRequest,
         mut guard: RequestGuard,
+        mut span: Option<RequestSpan>,
     ) -> Result<Response<ProxyBody>, (ProxyError, RequestGuard)> {
         let Sent {
             response,
@@ -97,11 +99,15 @@ impl Proxy {
         if let Some(log) = &mut log {
             log.status(parts.status.as_u16());
         }
+        if let Some(span) = &mut span {
+            span.status(parts.status.as_u16());
+        }
         let tracker = Tracker {
             guards,
             realized,
             log,
             sse_oversize: Some(self.metrics.sse_oversize.clone()),
+            span,
             usage: if is_sse {
                 UsageWatch::sse()
             } else if is_json {
@@ -138,6 +144,10 @@ impl Proxy {
                         endpoint: ep.name().to_owned(),
                         reason: e.to_string(),
                     };
+                    let mut tracker = tracker;
+                    if let Some(span) = &mut tracker.span {
+                        span.broke(err.reason());
+                    }
                     Err((err, guard))
                 }
             },
