@@ -73,7 +73,16 @@
 //! balances queued prefill work. Without a prompt length (`N` unknown) `P_w` is 1.
 //!
 //! Parameters:
-//! - `new_kv_weight` (default 1.0, ≥ 0): weight of the KV the request allocates.
+//! - `new_kv_weight` (default 10.0, ≥ 0): weight of the KV the request allocates. Where one
+//!   engine holds a prefix, the request goes elsewhere only when the holder's queue
+//!   outweighs the recomputed prefix `(1 + new_kv_weight)` times over. A queue is transient
+//!   (it drains in one prefill's time); a copy is not: on an engine whose cache is full it
+//!   evicts as many cached tokens, the holder's copy stays orphaned until it ages out, and
+//!   the recompute delays the requests behind it. At weight 1 a Mooncake replay moved about
+//!   40 continuations a run off holders that were busy for a few tens of milliseconds and
+//!   lost 0.5–1 point of hit rate for it, with no gain in TTFT (BENCHMARKS.md, finding 12).
+//!   Cold requests (the same uncached tokens everywhere) are not affected: they still go to
+//!   the shortest queue.
 //! - `active_kv_weight` (default 0.0, ≥ 0): weight of the KV allocated by requests in flight.
 //! - `kv_overflow_weight` (default 1.0, ≥ 0): weight of the KV beyond the engine's capacity
 //!   (no term while the capacity was never scraped).
@@ -95,7 +104,7 @@
 //! ```yaml
 //! - type: precise-prefix-cache-scorer
 //! - type: prefill-cost-scorer
-//!   parameters: { new_kv_weight: 1.0, active_kv_weight: 0.0, kv_overflow_weight: 1.0, in_flight_multiplier: false, scraped_queue: true }
+//!   parameters: { new_kv_weight: 10.0, active_kv_weight: 0.0, kv_overflow_weight: 1.0, in_flight_multiplier: false, scraped_queue: true }
 //! profiles:
 //!   - name: default
 //!     plugins:
@@ -143,7 +152,7 @@ pub struct PrefillCostScorerConfig {
 impl Default for PrefillCostScorerConfig {
     fn default() -> Self {
         PrefillCostScorerConfig {
-            new_kv_weight: 1.0,
+            new_kv_weight: 10.0,
             active_kv_weight: 0.0,
             kv_overflow_weight: 1.0,
             in_flight_multiplier: false,
@@ -438,7 +447,7 @@ fn rank_by_tier(costs: &mut [f64], tiers: &[Tier]) {
 pub(crate) const REGISTRATION: Registration = Registration {
     type_name: PrefillCostScorer::TYPE,
     description: "prefers the endpoint where the request costs least in tokens: queued + uncached prefill + its KV + KV beyond capacity; endpoints it does not fit rank last",
-    example: "{ new_kv_weight: 1.0, active_kv_weight: 0.0, kv_overflow_weight: 1.0, in_flight_multiplier: false, scraped_queue: true, fits_first: true, demand_spread: true, demand_slack: 1 }",
+    example: "{ new_kv_weight: 10.0, active_kv_weight: 0.0, kv_overflow_weight: 1.0, in_flight_multiplier: false, scraped_queue: true, fits_first: true, demand_spread: true, demand_slack: 1 }",
     build: |p, h| build(p, |c| PrefillCostScorer::with_index(c, h.kv_index)),
 };
 

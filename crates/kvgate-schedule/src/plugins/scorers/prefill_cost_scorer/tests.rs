@@ -432,7 +432,11 @@ fn ties_go_to_fewest_decode_tokens_then_least_recently_picked() {
 /// Costs within one KV block of the cheapest are ties, ordered by fewest uncached tokens.
 #[test]
 fn costs_within_a_block_tie_and_the_smaller_computation_wins() {
-    let s = PrefillCostScorer::new(PrefillCostScorerConfig::default()).unwrap();
+    let s = PrefillCostScorer::new(PrefillCostScorerConfig {
+        new_kv_weight: 1.0,
+        ..PrefillCostScorerConfig::default()
+    })
+    .unwrap();
     let picker = MaxScorePicker::new(MaxScorePickerConfig::default()).unwrap();
     let eps = [
         ep("a:1").kv_id(1, true),
@@ -621,5 +625,48 @@ fn an_unpinned_hit_counts_toward_the_fit() {
         let picked = picker.pick(&mut cycle, &out).map(|i| refs[i].name());
         assert_eq!(picked, Some(want), "{name}: scores {out:?}");
         drop(in_flight);
+    }
+}
+
+/// With the default weights a continuation stays on its holder through a queue of a few
+/// prefills and moves only when the queue outweighs its recomputed prefix about elevenfold;
+/// at `new_kv_weight` 1 the middle row moved. One condition (the holder's queue) per row.
+#[test]
+fn a_holder_keeps_its_continuation_through_a_transient_queue() {
+    let default = PrefillCostScorer::new(PrefillCostScorerConfig::default()).unwrap();
+    let light = PrefillCostScorer::new(PrefillCostScorerConfig {
+        new_kv_weight: 1.0,
+        ..PrefillCostScorerConfig::default()
+    })
+    .unwrap();
+    let input = |cached: u64, queued: u64| CostInput {
+        prompt: Some(1000),
+        cached,
+        load: load(1, 1, queued),
+        waiting: None,
+        running: None,
+        capacity: None,
+        unpinned_cached: 0,
+    };
+    // The holder has 800 of the 1000 tokens; the other engine is idle and holds nothing.
+    let rows = [
+        ("idle holder", 0, true, true),
+        ("holder busy with 4,000 tokens", 4_000, true, false),
+        ("holder busy with 20,000 tokens", 20_000, false, false),
+    ];
+    for (name, queued, stays, stays_at_weight_1) in rows {
+        for (s, want) in [(&default, stays), (&light, stays_at_weight_1)] {
+            let holder = s.cost(&input(800, queued));
+            let other = s.cost(&CostInput {
+                load: LoadSnapshot::default(),
+                ..input(0, 0)
+            });
+            assert_eq!(
+                holder < other,
+                want,
+                "{name}, new_kv_weight {}: holder {holder}, other {other}",
+                s.config.new_kv_weight
+            );
+        }
     }
 }
