@@ -68,7 +68,7 @@ pub enum FallbackReason {
 
 impl FallbackReason {
     /// Every reason, in declaration order (to read back each `kvgate_tokenize_total` series).
-    pub const ALL: [FallbackReason; 15] = [
+    pub const ALL: [FallbackReason; 16] = [
         FallbackReason::NoTokenizer,
         FallbackReason::NoChatTemplate,
         FallbackReason::NoRenderUrl,
@@ -84,6 +84,7 @@ impl FallbackReason {
         FallbackReason::BodyNotJson,
         FallbackReason::InvalidRequest,
         FallbackReason::TokenizerPanic,
+        FallbackReason::PreviousResponse,
     ];
 
     /// A stable label for metrics and logs.
@@ -214,6 +215,7 @@ mod tests {
             BodyNotJson => 12,
             InvalidRequest => 13,
             TokenizerPanic => 14,
+            PreviousResponse => 15,
         }
     }
 
