@@ -11,6 +11,8 @@ VENV="${KVGATE_ENVOY_VENV:-$HOME/.cache/kvgate-envoy-venv}"
 
 find_bin() {
   # The console script `bin/envoy` is a Python wrapper; the binary sits in the package.
+  # No venv yet (a fresh machine) is "not found", not a failure of the script.
+  [ -d "$VENV" ] || return 0
   find "$VENV" -path '*/envoy/_bin/envoy' -type f 2>/dev/null | head -n 1
 }
 
