@@ -39,32 +39,14 @@ fn metric_names(expr: &str) -> Vec<String> {
 
 #[test]
 fn every_dashboard_query_uses_a_metric_the_proxy_exports() {
-    let sim = Kvgate::start(&[
-        "sim",
-        "--port",
-        "0",
-        "--instances",
-        "2",
-        "--model",
-        MODEL,
-        "--kv-events-endpoint",
-        "tcp://127.0.0.1:0",
-        "--prefill-base-ms",
-        "1",
-        "--itl-ms",
-        "0.2",
-    ]);
-    let engines = sim.wait_for("kvgate sim listening", 2);
+    let (_sim, engines) = sim(2);
     let dead = TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
         .unwrap();
     let mut flags: Vec<String> = engines
         .iter()
-        .map(|f| {
-            let events: Vec<String> = serde_json::from_str(f["events"].as_str().unwrap()).unwrap();
-            format!("http://{},kv={}", f["http"].as_str().unwrap(), events[0])
-        })
+        .map(|e| format!("http://{},kv={}", e.http, e.events))
         .collect();
     flags.push(format!("http://{dead},model={MODEL},block_size=16"));
     let mut args = vec![
