@@ -219,21 +219,29 @@ async fn generate(inst: Arc<Instance>, api: Api, body: Bytes) -> Result<Response
     }
     let mut texts = Vec::with_capacity(receivers.len());
     let mut infos = Vec::with_capacity(receivers.len());
-    for mut rx in receivers {
-        let mut text = String::new();
-        let info = loop {
-            match rx.recv().await {
-                Some(EngineOutput::Token(t)) => text.push_str(inst.vocab.text(t)),
-                Some(EngineOutput::Finished(info)) => break info,
-                Some(other) => return Err(failure_error(&other)),
-                None => return Err(ApiError::internal("engine stopped".into())),
-            }
-        };
+    for rx in receivers {
+        let (text, info) = collect(&inst, rx).await?;
         texts.push(text);
         infos.push(info);
     }
     drop(guard);
     Ok(full_response(&ids, &texts, &infos))
+}
+
+/// One request's whole answer from the engine: its text and how it finished.
+pub(crate) async fn collect(
+    inst: &Instance,
+    mut rx: tokio::sync::mpsc::UnboundedReceiver<EngineOutput>,
+) -> Result<(String, FinishInfo), ApiError> {
+    let mut text = String::new();
+    loop {
+        match rx.recv().await {
+            Some(EngineOutput::Token(t)) => text.push_str(inst.vocab.text(t)),
+            Some(EngineOutput::Finished(info)) => return Ok((text, info)),
+            Some(other) => return Err(failure_error(&other)),
+            None => return Err(ApiError::internal("engine stopped".into())),
+        }
+    }
 }
 
 fn full_response(ids: &ResponseIds, texts: &[String], infos: &[FinishInfo]) -> Response {

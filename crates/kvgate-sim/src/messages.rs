@@ -40,7 +40,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
-use crate::api::{TTFT_HEADER, output_budget, tokenize};
+use crate::api::{TTFT_HEADER, collect, output_budget, tokenize};
 use crate::engine::{EngineOutput, FinishInfo, FinishReason, NewRequest};
 use crate::instance::{InflightGuard, Instance, failure_error};
 use crate::openai::{ApiError, GenParams};
@@ -116,7 +116,7 @@ async fn create(inst: Arc<Instance>, body: Bytes) -> Result<Response, ApiError> 
         cache_salt: params.cache_salt.clone(),
         mm: Vec::new(),
     };
-    let mut rx = engine
+    let rx = engine
         .submit(req)
         .map_err(|f| failure_error(&EngineOutput::Failed(f)))?;
     let head = Head {
@@ -133,15 +133,7 @@ async fn create(inst: Arc<Instance>, body: Bytes) -> Result<Response, ApiError> 
             guard,
         ));
     }
-    let mut text = String::new();
-    let info = loop {
-        match rx.recv().await {
-            Some(EngineOutput::Token(t)) => text.push_str(inst.vocab.text(t)),
-            Some(EngineOutput::Finished(info)) => break info,
-            Some(other) => return Err(failure_error(&other)),
-            None => return Err(ApiError::internal("engine stopped".into())),
-        }
-    };
+    let (text, info) = collect(&inst, rx).await?;
     drop(guard);
     let mut resp = axum::Json(head.full(&text, &info)).into_response();
     if let Ok(v) = HeaderValue::from_str(&format!("{:.3}", info.ttft.as_secs_f64() * 1000.0)) {
