@@ -191,6 +191,20 @@ fn converse_responses(
     out
 }
 
+/// At least 95% of the follow-ups went to their conversation's first engine and realized
+/// exactly the predicted cached tokens, and some hit the cache.
+fn assert_follow_ups_stick(chats: &[(String, Vec<Turn>)]) {
+    let (holder, exact, all) = tally(chats);
+    eprintln!("follow-ups: {holder}/{all} on the holder, {exact}/{all} predicted = realized");
+    assert!(holder * 100 >= all * 95, "{holder}/{all} on the holder");
+    assert!(
+        exact * 100 >= all * 95,
+        "{exact}/{all} predicted = realized"
+    );
+    let cached: u64 = chats.iter().flat_map(|(_, t)| t).map(|t| t.cached).sum();
+    assert!(cached > 0, "follow-ups hit the cache");
+}
+
 /// Follow-ups served by their conversation's first engine, and those whose predicted cached
 /// tokens equal the engine's, out of all follow-ups.
 fn tally(chats: &[(String, Vec<Turn>)]) -> (usize, usize, usize) {
@@ -241,15 +255,7 @@ fn endpoints_alone_route_precisely_through_the_engine_render_endpoint() {
     );
 
     let chats = converse(proxy, 48, 4);
-    let (holder, exact, all) = tally(&chats);
-    eprintln!("follow-ups: {holder}/{all} on the holder, {exact}/{all} predicted = realized");
-    assert!(holder * 100 >= all * 95, "{holder}/{all} on the holder");
-    assert!(
-        exact * 100 >= all * 95,
-        "{exact}/{all} predicted = realized"
-    );
-    let cached: u64 = chats.iter().flat_map(|(_, t)| t).map(|t| t.cached).sum();
-    assert!(cached > 0, "follow-ups hit the cache");
+    assert_follow_ups_stick(&chats);
     let renders: u64 = spies.iter().map(|s| s.count("/render")).sum();
     eprintln!("render requests seen by the engines: {renders}");
     assert!(
@@ -304,15 +310,7 @@ fn responses_follow_ups_stick_to_their_holder() {
     let (_router, _lines, proxy, admin) = serve(&flags);
 
     let threads = converse_responses(proxy, 24, 4);
-    let (holder, exact, all) = tally(&threads);
-    eprintln!("follow-ups: {holder}/{all} on the holder, {exact}/{all} predicted = realized");
-    assert!(holder * 100 >= all * 95, "{holder}/{all} on the holder");
-    assert!(
-        exact * 100 >= all * 95,
-        "{exact}/{all} predicted = realized"
-    );
-    let cached: u64 = threads.iter().flat_map(|(_, t)| t).map(|t| t.cached).sum();
-    assert!(cached > 0, "follow-ups hit the cache");
+    assert_follow_ups_stick(&threads);
     let seen: u64 = spies.iter().map(|s| s.count("/v1/responses")).sum();
     assert_eq!(seen, 24 * 4, "the spies saw every request");
     let renders: u64 = spies.iter().map(|s| s.count("/render")).sum();
