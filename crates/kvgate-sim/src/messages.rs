@@ -357,19 +357,10 @@ mod tests {
     use std::time::Duration;
 
     use http_body_util::BodyExt;
-    use tokenizers::Tokenizer;
 
     use super::*;
     use crate::engine::EngineFailure;
-
-    fn vocab() -> Arc<OutputVocab> {
-        let json = r#"{"version":"1.0","truncation":null,"padding":null,"added_tokens":[],
-            "normalizer":null,"pre_tokenizer":null,"post_processor":null,"decoder":null,
-            "model":{"type":"WordLevel","vocab":{"[UNK]":0,"Ġalpha":10,"Ġbeta":11,"Ġgamma":12},
-            "unk_token":"[UNK]"}}"#;
-        let tok: Tokenizer = json.parse().unwrap();
-        Arc::new(OutputVocab::from_tokenizer(&tok))
-    }
+    use crate::sse::tests::vocab;
 
     fn info(reason: FinishReason) -> FinishInfo {
         FinishInfo {

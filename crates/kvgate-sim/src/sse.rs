@@ -197,7 +197,7 @@ pub(crate) fn stream_response(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use std::time::Duration;
 
     use http_body_util::BodyExt;
@@ -206,7 +206,8 @@ mod tests {
     use super::*;
     use crate::engine::{EngineFailure, FinishReason};
 
-    fn vocab() -> Arc<OutputVocab> {
+    /// A four-word output vocabulary for stream tests.
+    pub(crate) fn vocab() -> Arc<OutputVocab> {
         let json = r#"{"version":"1.0","truncation":null,"padding":null,"added_tokens":[],
             "normalizer":null,"pre_tokenizer":null,"post_processor":null,"decoder":null,
             "model":{"type":"WordLevel","vocab":{"[UNK]":0,"Ġalpha":10,"Ġbeta":11,"Ġgamma":12},
