@@ -372,11 +372,14 @@ async fn read_request<S: AsyncRead + Unpin>(stream: &mut S, buf: &mut Vec<u8>) -
 pub use crate::loopback::RunningProxy;
 
 impl RunningProxy {
-    /// [`RunningProxy::launch`] for tests.
+    /// [`RunningProxy::launch`] for tests, with the engines' readiness probe off: the spy
+    /// engines here record every request they get and model no `/health`, and a hung spy must
+    /// stay a candidate for as long as a test needs it. The probe has tests of its own.
     ///
     /// # Panics
     /// If it cannot bind or the config is invalid.
-    pub async fn start(config: ProxyConfig) -> RunningProxy {
+    pub async fn start(mut config: ProxyConfig) -> RunningProxy {
+        config.engines.probe_interval_ms = 0;
         match RunningProxy::launch(config).await {
             Ok(running) => running,
             Err(e) => panic!("starting the proxy: {e}"),

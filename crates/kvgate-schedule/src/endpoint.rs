@@ -7,7 +7,7 @@
 //! removed endpoint lives until its last request ends.
 
 use std::collections::{BTreeMap, HashSet};
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -145,6 +145,8 @@ pub struct EndpointState {
     pub(crate) load: EndpointLoad,
     metrics: ArcSwapOption<MetricsSnapshot>,
     scrape_failing: AtomicU32,
+    /// Set while the readiness probe fails ([`crate::RegistryConfig::probe_failure_threshold`]).
+    probe_down: AtomicBool,
     kv_id: EndpointId,
     index_block_size: u32,
     has_kv_events: bool,
@@ -232,6 +234,7 @@ impl EndpointState {
             load: EndpointLoad::default(),
             metrics: ArcSwapOption::empty(),
             scrape_failing: AtomicU32::new(0),
+            probe_down: AtomicBool::new(false),
             kv_id: init.kv_id,
             index_block_size: init.index_block_size,
             has_kv_events: init.has_kv_events,
@@ -329,9 +332,24 @@ impl EndpointState {
 
     /// Whether the endpoint may receive traffic at `now`: not ejected, or its ejection expired
     /// (then it is tried again, half-open; the next failure ejects it for twice as long).
+    /// An endpoint whose readiness probe fails is not healthy either.
     pub fn is_healthy(&self, now: Instant) -> bool {
+        if self.probe_down.load(Ordering::Relaxed) {
+            return false;
+        }
         let h = self.health.lock().unwrap_or_else(PoisonError::into_inner);
         h.ejected_until.is_none_or(|until| now >= until)
+    }
+
+    /// Marks the endpoint down (or up again) by its readiness probe; returns the previous
+    /// state.
+    pub fn set_probe_down(&self, down: bool) -> bool {
+        self.probe_down.swap(down, Ordering::Relaxed)
+    }
+
+    /// Whether the readiness probe has the endpoint down.
+    pub fn is_probe_down(&self) -> bool {
+        self.probe_down.load(Ordering::Relaxed)
     }
 
     /// Records a successful request or probe: clears failures and ejection.

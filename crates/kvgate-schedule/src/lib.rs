@@ -73,6 +73,7 @@ mod framework;
 mod load;
 mod metrics;
 pub mod plugins;
+mod probe;
 mod prom;
 mod registry;
 mod scheduler;

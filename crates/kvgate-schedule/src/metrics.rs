@@ -21,6 +21,8 @@ pub(crate) const DECISION_SECONDS: &str = "decision_duration_seconds";
 pub(crate) const PICKS: &str = "picks";
 /// `/metrics` scrapes, by endpoint and outcome.
 pub(crate) const SCRAPES: &str = "scrapes";
+/// Readiness probes, by endpoint and outcome.
+pub(crate) const PROBES: &str = "probes";
 
 /// `{kind, outcome}` labels.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
@@ -59,6 +61,7 @@ struct Inner {
     duration: Histogram,
     picks: Family<PickLabels, Counter>,
     scrapes: Family<ScrapeLabels, Counter>,
+    probes: Family<ScrapeLabels, Counter>,
 }
 
 impl ScheduleMetrics {
@@ -69,6 +72,7 @@ impl ScheduleMetrics {
             duration: Histogram::new(exponential_buckets(1e-6, 2.0, 20)),
             picks: Family::default(),
             scrapes: Family::default(),
+            probes: Family::default(),
         };
         let r = registry.sub_registry_with_prefix("kvgate_schedule");
         r.register(
@@ -86,6 +90,11 @@ impl ScheduleMetrics {
             SCRAPES,
             "Engine /metrics scrapes by outcome",
             inner.scrapes.clone(),
+        );
+        r.register(
+            PROBES,
+            "Engine readiness probes by outcome (ok, unsupported, timeout, connect, status)",
+            inner.probes.clone(),
         );
         ScheduleMetrics {
             inner: Arc::new(inner),
@@ -111,6 +120,16 @@ impl ScheduleMetrics {
             .get_or_create(&PickLabels {
                 profile: profile.to_owned(),
                 endpoint: endpoint.to_owned(),
+            })
+            .inc();
+    }
+
+    pub(crate) fn probe(&self, endpoint: &str, outcome: &'static str) {
+        self.inner
+            .probes
+            .get_or_create(&ScrapeLabels {
+                endpoint: endpoint.to_owned(),
+                outcome,
             })
             .inc();
     }

@@ -29,6 +29,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::endpoint::{BadUrl, EndpointInit, EndpointState, HealthPolicy, split_url};
 use crate::metrics::ScheduleMetrics;
+use crate::probe::ProbeTask;
 use crate::scrape::{ScrapeClient, ScrapeTask, client};
 
 use self::discovered::{ConflictMetrics, Discovered, Effective};
@@ -90,6 +91,15 @@ pub struct RegistryConfig {
     pub metrics_path: String,
     /// Consecutive request failures before an endpoint is ejected.
     pub failure_threshold: u32,
+    /// Readiness probe path (`GET`, 2xx = ready); an engine answering 404/405 is not probed.
+    pub probe_path: String,
+    /// Readiness probe period per endpoint, in milliseconds (0 disables probing).
+    pub probe_interval_ms: u64,
+    /// Timeout of one probe, in milliseconds.
+    pub probe_timeout_ms: u64,
+    /// Consecutive probe failures before the endpoint is taken out of rotation (it is back
+    /// at the first probe that succeeds).
+    pub probe_failure_threshold: u32,
     /// First ejection period, in milliseconds (doubles per further failure).
     pub eject_base_ms: u64,
     /// Longest ejection period, in milliseconds.
@@ -106,6 +116,10 @@ impl Default for RegistryConfig {
             stale_after_intervals: 5,
             metrics_path: "/metrics".into(),
             failure_threshold: 1,
+            probe_path: "/health".into(),
+            probe_interval_ms: 1000,
+            probe_timeout_ms: 1000,
+            probe_failure_threshold: 3,
             eject_base_ms: 1000,
             eject_max_ms: 30_000,
             block_size: 16,
@@ -452,6 +466,18 @@ impl EndpointRegistry {
                 interval,
                 timeout: Duration::from_millis(self.config.scrape_timeout_ms.max(1)),
                 index: self.handles.kv_index.clone(),
+                metrics: self.handles.metrics.clone(),
+            };
+            self.runtime.spawn(task.run(scrape.clone()));
+        }
+        if self.config.probe_interval_ms > 0 {
+            let task = ProbeTask {
+                endpoint: Arc::clone(&endpoint),
+                client: self.client.clone(),
+                path: self.config.probe_path.clone(),
+                interval: Duration::from_millis(self.config.probe_interval_ms),
+                timeout: Duration::from_millis(self.config.probe_timeout_ms.max(1)),
+                failure_threshold: self.config.probe_failure_threshold,
                 metrics: self.handles.metrics.clone(),
             };
             self.runtime.spawn(task.run(scrape.clone()));

@@ -32,7 +32,7 @@ pub(crate) struct ScrapeClient {
 
 impl ScrapeClient {
     /// Sends `req` on the client for its scheme.
-    fn request(&self, req: http::Request<Empty<Bytes>>) -> Option<ResponseFuture> {
+    pub(crate) fn request(&self, req: http::Request<Empty<Bytes>>) -> Option<ResponseFuture> {
         if req.uri().scheme() != Some(&http::uri::Scheme::HTTPS) {
             return Some(self.plain.request(req));
         }

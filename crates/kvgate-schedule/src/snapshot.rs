@@ -44,8 +44,10 @@ pub struct EndpointSnapshot {
     pub labels: BTreeMap<String, String>,
     /// P/D role.
     pub role: Role,
-    /// Not ejected.
+    /// Not ejected, and its readiness probe answers.
     pub healthy: bool,
+    /// Out of rotation because its readiness probe fails.
+    pub probe_down: bool,
     /// Consecutive failures.
     pub consecutive_failures: u32,
     /// Requests in flight through this router.
@@ -162,6 +164,7 @@ fn endpoint_snapshot(reg: &EndpointRegistry, e: &EndpointState, now: Instant) ->
         labels: e.with_labels(Clone::clone),
         role: e.role(),
         healthy: e.is_healthy(now),
+        probe_down: e.is_probe_down(),
         consecutive_failures: e.consecutive_failures(),
         in_flight_requests: e.in_flight_requests(),
         in_flight_tokens: e.in_flight_tokens(),

@@ -49,8 +49,15 @@ fn every_dashboard_query_uses_a_metric_the_proxy_exports() {
         .map(|e| format!("http://{},kv={}", e.http, e.events))
         .collect();
     flags.push(format!("http://{dead},model={MODEL},block_size=16"));
+    // The dead endpoint must stay a candidate until a request has paid a retry for it, so the
+    // readiness probe (which would take it out of rotation on its own) is off.
+    let config = std::env::temp_dir().join(format!("kvgate-dashboard-{}.yaml", std::process::id()));
+    std::fs::write(&config, "engines: { probe_interval_ms: 0 }\n").unwrap();
+    let config_arg = config.to_str().unwrap().to_owned();
     let mut args = vec![
         "serve",
+        "--config",
+        config_arg.as_str(),
         "--listen",
         "127.0.0.1:0",
         "--admin-listen",
@@ -118,6 +125,7 @@ fn every_dashboard_query_uses_a_metric_the_proxy_exports() {
         }
     }
     assert!(checked > 20, "only {checked} metric uses checked");
+    let _ = std::fs::remove_file(&config);
     assert!(
         missing.is_empty(),
         "not exported: {missing:#?}\nexported: {exported:#?}"

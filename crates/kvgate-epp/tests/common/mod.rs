@@ -156,6 +156,9 @@ pub fn config(yaml: &str, models_refresh: Option<Duration>) -> ProxyConfig {
         ..ProxyConfig::default()
     };
     config.merge_file(&file).unwrap();
+    // The spy engines record every request and model no `/health`; the readiness probe has
+    // tests of its own.
+    config.engines.probe_interval_ms = 0;
     config.validate().unwrap();
     config
 }

@@ -18,6 +18,7 @@ fn endpoint(name: &str) -> EndpointSnapshot {
         labels: BTreeMap::new(),
         role: Role::Unlabelled,
         healthy: true,
+        probe_down: false,
         consecutive_failures: 0,
         in_flight_requests: 0,
         in_flight_tokens: 0,
