@@ -4,7 +4,9 @@
 //!   In `FULL_DUPLEX_STREAMED` the headers answer waits for the body (its mutation carries
 //!   the pick); otherwise (`BUFFERED`) it is sent at once and the pick rides on the body
 //!   answer.
-//! - Request body: chunks accumulate up to `max_body_bytes` (413 past it). At its end (or at
+//! - Request body: chunks accumulate up to `max_body_bytes` (413 past it), reserved in the
+//!   proxy's in-flight body budget as they arrive (503 with `Retry-After` when it is full; 413
+//!   for a body larger than the whole budget) until the pick is answered. At its end (or at
 //!   the request trailers) the proxy's pipeline runs over the exact bytes: parse → model →
 //!   seal → tokenize → schedule, the subset hint restricting the candidates. The answer sets
 //!   `x-gateway-destination-endpoint` (a client's value is overwritten), `content-length`,
@@ -31,6 +33,7 @@ use kvgate_proxy::{
     Proxy, ProxyError,
     admission::Held,
     body::{RequestGuard, Tracker, UsageWatch},
+    budget::Reservation,
     metrics::{ApiLabels, ErrorLabels},
     proxy::{
         Pick, REQUEST_ID, request_id,
@@ -87,6 +90,8 @@ pub(crate) struct Exchange {
     route: Option<Result<Route, Refusal>>,
     guard: Option<RequestGuard>,
     body: Vec<u8>,
+    /// The body's share of the in-flight body budget, given back once the pick is answered.
+    reservation: Option<Reservation>,
     /// The request body was answered (routed or refused).
     routed: bool,
     subset: Option<Vec<String>>,
@@ -114,6 +119,7 @@ impl Exchange {
             route: None,
             guard: None,
             body: Vec::new(),
+            reservation: None,
             routed: false,
             subset: None,
             pick: None,
@@ -168,9 +174,19 @@ impl Exchange {
         if self.routed {
             return Vec::new();
         }
-        let limit = self.proxy.config().max_body_bytes;
-        if self.body.len() + b.body.len() > limit {
+        // A body larger than the whole budget could never fit: 413, not a 503 to retry.
+        let budget = usize::try_from(self.proxy.body_budget().limit()).unwrap_or(usize::MAX);
+        let limit = self.proxy.config().max_body_bytes.min(budget);
+        let total = self.body.len() + b.body.len();
+        if total > limit {
             return self.reject(ProxyError::BodyTooLarge { limit });
+        }
+        let reservation = self
+            .reservation
+            .get_or_insert_with(|| self.proxy.body_budget().reservation());
+        if let Err(e) = reservation.grow_to(total as u64) {
+            let e = self.proxy.budget_exhausted(e);
+            return self.reject(e);
         }
         self.body.extend_from_slice(&b.body);
         if b.end_of_stream {
@@ -198,6 +214,8 @@ impl Exchange {
     /// Runs the pipeline over the whole body and answers with the pick.
     async fn route_body(&mut self) -> Vec<ProcessingResponse> {
         self.routed = true;
+        // Given back when the answer is built (the body then lives on only in Envoy).
+        let _reservation = self.reservation.take();
         let route = match self.route.take() {
             Some(Ok(route)) if matches!(route, Route::Inference(_) | Route::ByModel) => route,
             Some(Ok(_)) | None => return self.route_bodiless(),
@@ -313,6 +331,7 @@ impl Exchange {
     /// Answers with the error's status and JSON body; the request is finished.
     fn reject(&mut self, e: ProxyError) -> Vec<ProcessingResponse> {
         self.done = true;
+        self.reservation = None;
         tracing::debug!(request_id = ?self.request_id, error = ?e.to_string(), reason = e.reason(), "request rejected");
         let metrics = self.proxy.metrics();
         metrics

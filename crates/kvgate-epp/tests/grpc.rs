@@ -304,6 +304,49 @@ async fn bad_bodies_get_the_proxy_json_errors() {
     assert_eq!(immediate(&conv.recv().await).0, 404);
 }
 
+/// Bodies are reserved in the proxy's in-flight body budget while they accumulate: a body
+/// that does not fit next to another one still arriving is a 503 with the budget's code; one
+/// larger than the whole budget is a 413; the bytes come back once the pick is answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bodies_in_flight_share_the_body_budget() {
+    let (epp, _spies) = epp_with(|c| c.max_inflight_body_bytes = 100).await;
+    let chat = br#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#;
+    let open = || async {
+        let conv = Conv::open(&epp).await;
+        conv.send(headers(CHAT, false, Some((FULL_DUPLEX, FULL_DUPLEX))))
+            .await;
+        conv
+    };
+    let picked = |r: &ProcessingResponse| mutation(r).0.contains_key(DESTINATION);
+
+    // Larger than the whole budget: could never fit.
+    let mut big = open().await;
+    big.send(body(&[b' '; 101], true, false)).await;
+    let (status, json) = immediate(&big.recv().await);
+    assert_eq!(status, 413, "{json}");
+
+    // The first 40 bytes of one body are held while a second body wants 61 more.
+    let mut first = open().await;
+    first.send(body(&chat[..40], false, false)).await;
+    let mut second = open().await;
+    second.send(body(&[b' '; 61], false, false)).await;
+    let (status, json) = immediate(&second.recv().await);
+    assert_eq!(status, 503, "{json}");
+    assert_eq!(json["error"]["code"], "body_budget_exhausted", "{json}");
+
+    // The first body ends and is routed; its bytes are given back.
+    first.send(body(&chat[40..], true, false)).await;
+    assert!(picked(&first.recv().await), "the first body is routed");
+    let mut third = open().await;
+    let mut padded = chat.to_vec();
+    padded.resize(100, b' ');
+    third.send(body(&padded, true, false)).await;
+    assert!(
+        picked(&third.recv().await),
+        "the whole budget is free again"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_response_path_reads_usage_and_releases_the_load_also_on_abort() {
     let (epp, _spies) = epp_with(|_| {}).await;

@@ -58,8 +58,9 @@ impl Proxy {
         }
     }
 
-    /// The error for a body the budget refused, logged with the figures.
-    fn budget_exhausted(&self, e: BudgetExhausted) -> ProxyError {
+    /// The error for a body the budget refused, logged with the figures (also for the
+    /// ext_proc front door, which reserves its bodies in the same budget).
+    pub fn budget_exhausted(&self, e: BudgetExhausted) -> ProxyError {
         tracing::warn!(
             limit_bytes = e.limit,
             held_bytes = e.held,
