@@ -8,7 +8,8 @@
 #              (`kvgate sim --drop-event-batches 0.1`; the batches stay replayable)
 #   stall      engine 0's /metrics answers only after 2 s (`--metrics-stall-ms 2000`, above
 #              kvgate's 500 ms scrape timeout) for the whole run
-#   blackhole  engine 2 is SIGSTOPped for a few seconds (connections hang), then SIGCONTed
+#   blackhole  engine 2 is SIGSTOPped for 8 s (2 s with --quick; connections hang), then SIGCONTed;
+#              kvgate's readiness probe should take it out of rotation meanwhile
 #
 # Every engine runs in a process of its own (`kvgate sim --instances 1`), so one can be killed.
 # For each fault the script prints and records:
@@ -36,7 +37,8 @@
 #   -h, --help
 # Environment: KVGATE_BIN (default target/release/kvgate), PYTHON (python3), KVGATE_TOKENIZER
 #   (default testdata/tokenizers/qwen3), READY_TIMEOUT (seconds a process may take to answer,
-#   default 60).
+#   default 60), KVGATE_SERVE_FLAGS (extra `kvgate serve` flags, word-split, e.g.
+#   "--config probe-off.yaml").
 #
 # Output: DIR/summary.md (also printed), DIR/phases/<fault>.json (every figure), DIR/raw/<fault>/
 # (the bench's report), DIR/logs/ (sims, kvgate, bench, convergence polls, kvgate metrics),
@@ -94,7 +96,7 @@ if ((QUICK)); then
   WARMUP_S=3 BLACKHOLE_S=2 DROP_SAMPLES=3
 else
   BENCH_LOAD=(--groups 8 --conversations-per-group 12 --turns 3 --rate 3)
-  WARMUP_S=6 BLACKHOLE_S=4 DROP_SAMPLES=6
+  WARMUP_S=6 BLACKHOLE_S=8 DROP_SAMPLES=6
 fi
 
 # ---------------------------------------------------------------- checks
@@ -247,7 +249,9 @@ def bench(results):
         else:
             after += 1
     s = run["summary"]
-    print(json.dumps({"requests": s["requests"], "errors": s["errors"],
+    # Requests whose first token took 1 s or more: those that waited on a stopped engine.
+    slow = sum(1 for r in run["records"] if (r.get("ttft_ms") or 0) >= 1000)
+    print(json.dumps({"requests": s["requests"], "errors": s["errors"], "ttft_over_1s": slow,
                       "errors_by_kind": s["errors_by_kind"], "lost_before_first_byte": lost,
                       "lost_kinds": lost_kinds, "failed_after_first_byte": after,
                       "hit_rate": s.get("hit_rate"), "ttft_p50_ms": s["ttft_ms"]["p50"],
@@ -320,6 +324,11 @@ def summary(out, quick):
         if name == "restart" and "restarted_engine_events_at_restart" in p:
             counters += (f"; events applied from the restarted engine: {p['restarted_engine_events_at_restart']} at the restart,"
                          f" {p.get('restarted_engine_events_after_poll', '?')} after the poll; down {p.get('downtime_ms', '?')} ms")
+        if name == "blackhole":
+            during = p.get("endpoints_during") or []
+            out_of_rotation = [e["url"] for e in during if e.get("probe_down")]
+            counters += (f"; out of rotation by the readiness probe at the end of the stop: {', '.join(out_of_rotation) or 'none'}"
+                         f"; requests with TTFT >= 1 s: {b.get('ttft_over_1s', '?')}")
         lost_s = "?" if lost is None else str(lost)
         if b.get("lost_kinds"):
             lost_s += " (" + ", ".join(f"{k2} {v}" for k2, v in sorted(b["lost_kinds"].items())) + ")"
@@ -504,7 +513,7 @@ start_kvgate() {
   done
   start_bg "$logf" env NO_COLOR=1 KVGATE_LOG=warn,kvgate_kvcache=info "$KVGATE" serve \
     --listen "127.0.0.1:$PORT_BASE" --admin-listen "127.0.0.1:$((PORT_BASE + 1))" \
-    "${eps[@]}" --tokenizer "$MODEL=$TOKENIZER_DIR"
+    "${eps[@]}" --tokenizer "$MODEL=$TOKENIZER_DIR" ${KVGATE_SERVE_FLAGS:-}
   KV_PID=$LAST_PID
   wait_http "$KV_ADMIN/ready" "$KV_PID" "$logf" kvgate || return 1
   wait_http "$KV_URL/v1/models" "$KV_PID" "$logf" kvgate || return 1
@@ -535,7 +544,7 @@ poller_wait() {
 # record_endpoints PHASE_JSON KEY STATE_JSON : kvgate's view of each endpoint (health, metrics).
 record_endpoints() {
   [[ -s $3 ]] || return 0
-  "$PY" "$TOOL" record "$1" "$2" "$(jq -c '[.endpoints[] | {url, healthy, consecutive_failures, metrics_stale, metrics_age_ms, index_holdings}]' "$3" 2>/dev/null || echo null)"
+  "$PY" "$TOOL" record "$1" "$2" "$(jq -c '[.endpoints[] | {url, healthy, probe_down, consecutive_failures, metrics_stale, metrics_age_ms, index_holdings}]' "$3" 2>/dev/null || echo null)"
 }
 
 kv_counter() { "$PY" "$TOOL" counter "$KV_ADMIN/metrics" "$@"; }
