@@ -266,6 +266,61 @@ fn long_staircase_equals_naive() {
     assert_eq!(got, naive(&ix, &keys, &cands));
 }
 
+#[test]
+fn shared_prefix_cut_equals_naive() {
+    // Most endpoints hold a short shared prefix and a few hold more: the walk cuts the
+    // candidates down to the few instead of visiting all of them. Some of the few also hold a
+    // CPU copy further on, some a live speculative tail; non-candidates sit among them.
+    let clock = ManualClock::new(10_000);
+    let ix = KvIndex::with_clock(
+        IndexConfig::default(),
+        KvMetrics::unregistered(),
+        Arc::new(clock.clone()),
+    );
+    let eps = register(&ix, 300);
+    let toks: Vec<u32> = (0..4 * 128).collect();
+    let keys = block_keys(
+        &toks,
+        4,
+        KeyScope {
+            model: "m",
+            cache_salt: None,
+        },
+    );
+    for (i, e) in eps.iter().enumerate() {
+        let slot = ix.slot(*e).unwrap();
+        let mut st = slot.lock();
+        let gpu = match i % 61 {
+            0 => 128,
+            7 => 64,
+            13 => 40,
+            _ => 16,
+        };
+        for k in &keys.keys[..gpu] {
+            endpoint::add_holding(&ix.inner.blocks, &slot, &mut st, k.0, Tier::Gpu);
+        }
+        if i % 61 == 7 {
+            for k in &keys.keys[..96] {
+                endpoint::add_holding(&ix.inner.blocks, &slot, &mut st, k.0, Tier::Cpu);
+            }
+        }
+    }
+    let spec = BlockKeys {
+        keys: keys.keys[..80].to_vec(),
+        block_size: 4,
+    };
+    ix.insert_speculative(eps[13], &spec);
+    let cands: Vec<EndpointId> = eps.iter().copied().filter(|e| e.0 % 5 != 3).collect();
+    let got = walk(&ix, &keys, &cands);
+    assert_eq!(got.len(), cands.len());
+    assert!(got.iter().any(|g| g.1 == 128) && got.iter().any(|g| g.1 == 96));
+    assert_eq!(got, naive(&ix, &keys, &cands));
+    // Unsorted, duplicated candidates give the same rows.
+    let mut shuffled: Vec<EndpointId> = cands.iter().rev().copied().collect();
+    shuffled.push(cands[3]);
+    assert_eq!(walk(&ix, &keys, &shuffled), got);
+}
+
 /// Registers endpoints `e0`…`e{n-1}` of model `m`, block size 4.
 fn register(ix: &KvIndex, n: usize) -> Vec<EndpointId> {
     (0..n)

@@ -1,0 +1,372 @@
+//! The walk's candidate state: the candidates holding block 0, and how each holder-set
+//! transition along the prompt updates them (see [`crate::score`] for the algorithm).
+
+use super::EndpointScore;
+use crate::index::holders::{Holding, Snap};
+use crate::index::{EndpointId, TierWeights};
+
+/// Marks a candidate that is still in the walk.
+const ALIVE: u32 = u32::MAX;
+
+/// One candidate that holds block 0. Its score is `acc` plus `weight` per block from `since`
+/// to where it drops out: `end`, or while that is [`ALIVE`], the first cut it did not survive
+/// (see [`Walker::cut`]), or else the walk's end.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Cand {
+    ep: u32,
+    since: u32,
+    end: u32,
+    /// Cuts survived.
+    cuts: u32,
+    /// Best unexpired tier weight since block `since`.
+    weight: f64,
+    /// Weighted blocks before `since`.
+    acc: f64,
+}
+
+impl Cand {
+    pub(super) fn new(ep: u32, weight: f64) -> Self {
+        Cand {
+            ep,
+            since: 0,
+            end: ALIVE,
+            cuts: 0,
+            weight,
+            acc: 0.0,
+        }
+    }
+
+    /// The (live) candidate's best weight on block `at` is `best` (`None`: it does not hold
+    /// it). Returns true when it drops out.
+    fn apply(&mut self, best: Option<f64>, at: u32) -> bool {
+        match best {
+            Some(w) if w == self.weight => false,
+            Some(w) => {
+                self.acc += self.weight * f64::from(at - self.since);
+                self.since = at;
+                self.weight = w;
+                false
+            }
+            None => {
+                self.end = at;
+                true
+            }
+        }
+    }
+}
+
+/// State of one prefix walk: the candidates holding block 0, sorted by endpoint.
+pub(super) struct Walker {
+    now: u32,
+    /// Weight per tier bits (see [`Tier::from_bits`](crate::Tier)).
+    weights: [f64; 4],
+    cands: Vec<Cand>,
+    /// Live candidates.
+    pub(super) alive: usize,
+    drops: Vec<usize>,
+    /// Endpoint id → position in `cands` (`u32::MAX`: not a candidate); empty until needed.
+    dense: Vec<u32>,
+    /// Blocks at which the walk cut the candidates down to a small holder set.
+    cuts: Vec<u32>,
+    /// Binary searches done so far (see [`Walker::cand_index`]).
+    searches: u32,
+}
+
+impl Walker {
+    /// Intersects the sorted candidate ids with block 0's holders.
+    pub(super) fn new(
+        now: u32,
+        weights: TierWeights,
+        eps: &[EndpointId],
+        holders: &[Holding],
+    ) -> Self {
+        let weights = [0, 1, 2, 3].map(|bits| weights.of(bits));
+        let mut cands = Vec::with_capacity(eps.len().min(holders.len()));
+        if eps.len() * 16 < holders.len() {
+            // Few candidates: binary-search each.
+            for &EndpointId(ep) in eps {
+                let start = holders.partition_point(|h| h.ep < ep);
+                if let Some(weight) = best_weight(run_of(&holders[start..], ep), now, &weights) {
+                    cands.push(Cand::new(ep, weight));
+                }
+            }
+        } else {
+            // Merge: one pass over both sorted lists.
+            let mut j = 0;
+            let n = holders.len();
+            for &EndpointId(ep) in eps {
+                while j < n && holders[j].ep < ep {
+                    j += 1;
+                }
+                if j == n {
+                    break;
+                }
+                let h = holders[j];
+                if h.ep != ep {
+                    continue;
+                }
+                j += 1;
+                if j < n && holders[j].ep == ep {
+                    // Several tiers (or a speculative holding next to a real one).
+                    let run = run_of(&holders[j - 1..], ep);
+                    j += run.len() - 1;
+                    if let Some(weight) = best_weight(run, now, &weights) {
+                        cands.push(Cand::new(ep, weight));
+                    }
+                } else if !h.is_expired(now) {
+                    // One holding (the common case).
+                    cands.push(Cand::new(ep, weights[usize::from(h.tier & 3)]));
+                }
+            }
+        }
+        Walker {
+            now,
+            weights,
+            alive: cands.len(),
+            cands,
+            drops: Vec::new(),
+            dense: Vec::new(),
+            cuts: Vec::new(),
+            searches: 0,
+        }
+    }
+
+    /// The holder set changed from `prev` to `next` at block `at`.
+    pub(super) fn transition(&mut self, prev: &Snap, next: &Snap, at: u32) {
+        let (p, q) = (prev.as_slice(), next.as_slice());
+        let fp_xor = prev.fingerprint() ^ next.fingerprint();
+        let mut drops = std::mem::take(&mut self.drops);
+        // Searching costs a few binary searches per dropped holding, merging one step per
+        // candidate and per new holding: search unless many holdings dropped.
+        let few = p.len().saturating_sub(q.len()) * 16 <= self.cands.len() + q.len();
+        if few && dropped_only(p, q, fp_xor, &mut drops) {
+            for (di, &x) in drops.iter().enumerate() {
+                let ep = p[x].ep;
+                if di > 0 && p[drops[di - 1]].ep == ep {
+                    continue; // same endpoint as the previous drop: done
+                }
+                let Some(ci) = self.cand_index(ep) else {
+                    continue;
+                };
+                let before = x.checked_sub(1).and_then(|i| p.get(i));
+                if before.is_none_or(|h| h.ep != ep) && p.get(x + 1).is_none_or(|h| h.ep != ep) {
+                    // Its only holding dropped (the common case).
+                    self.update(ci, None, at);
+                    continue;
+                }
+                // What `ep` still holds is its run in `p` minus the drops: read it there,
+                // next to the drop (in cache), rather than searching `q`.
+                let start = p[..x].iter().rposition(|h| h.ep != ep).map_or(0, |i| i + 1);
+                let run = run_of(&p[start..], ep);
+                let kept = run
+                    .iter()
+                    .enumerate()
+                    .filter(|(i, _)| drops.binary_search(&(start + i)).is_err())
+                    .map(|(_, h)| h);
+                let best = best_weight(kept, self.now, &self.weights);
+                self.update(ci, best, at);
+            }
+        } else if q.len() * 8 < self.alive {
+            self.cut(q, at);
+        } else {
+            let mut j = 0;
+            let mut died = 0;
+            let cuts = self.cuts.len() as u32;
+            for c in self
+                .cands
+                .iter_mut()
+                .filter(|c| c.end == ALIVE && c.cuts == cuts)
+            {
+                while q.get(j).is_some_and(|h| h.ep < c.ep) {
+                    j += 1;
+                }
+                let run = run_of(&q[j..], c.ep);
+                j += run.len();
+                let best = match run {
+                    [] => None,
+                    [one] if !one.is_expired(self.now) => {
+                        Some(self.weights[usize::from(one.tier & 3)])
+                    }
+                    _ => best_weight(run, self.now, &self.weights),
+                };
+                died += usize::from(c.apply(best, at));
+            }
+            self.alive -= died;
+        }
+        self.drops = drops;
+    }
+
+    /// A transition to a set `q` much smaller than the live candidates: rather than visiting
+    /// every candidate, record a cut at `at` and visit `q`'s endpoints; candidates that do not
+    /// survive the cut (not in `q`) end at `at` without being touched.
+    fn cut(&mut self, q: &[Holding], at: u32) {
+        self.cuts.push(at);
+        let cuts = self.cuts.len() as u32;
+        let mut alive = 0;
+        let mut j = 0;
+        while let Some(h) = q.get(j) {
+            let run = run_of(&q[j..], h.ep);
+            j += run.len();
+            let Some(ci) = self.cand_index(h.ep) else {
+                continue;
+            };
+            if let Some(c) = self
+                .cands
+                .get_mut(ci)
+                .filter(|c| c.end == ALIVE && c.cuts + 1 == cuts)
+            {
+                c.cuts = cuts;
+                let best = best_weight(run, self.now, &self.weights);
+                alive += usize::from(!c.apply(best, at));
+            }
+        }
+        self.alive = alive;
+    }
+
+    /// The result rows, for a walk that ended at block `end`.
+    pub(super) fn rows(&self, end: u32, total: u32, block_size: u32) -> Vec<EndpointScore> {
+        if self.cuts.is_empty() {
+            self.rows_with(|c| c.end.min(end), total, block_size)
+        } else {
+            self.rows_with(|c| self.end_of(c, end), total, block_size)
+        }
+    }
+
+    /// The result rows, with `blocks_of` giving each candidate's matched blocks.
+    fn rows_with(
+        &self,
+        blocks_of: impl Fn(&Cand) -> u32,
+        total: u32,
+        block_size: u32,
+    ) -> Vec<EndpointScore> {
+        let total = f64::from(total);
+        let bs = u64::from(block_size);
+        self.cands
+            .iter()
+            .map(|c| {
+                let blocks = blocks_of(c);
+                let score = c.acc + c.weight * f64::from(blocks - c.since);
+                EndpointScore {
+                    endpoint: EndpointId(c.ep),
+                    score: (score / total).clamp(0.0, 1.0),
+                    matched_blocks: blocks,
+                    predicted_cached_tokens: u64::from(blocks) * bs,
+                }
+            })
+            .collect()
+    }
+
+    /// Where candidate `c` stopped matching, for a walk that ended at block `end`.
+    fn end_of(&self, c: &Cand, end: u32) -> u32 {
+        if c.end != ALIVE {
+            c.end
+        } else {
+            self.cuts.get(c.cuts as usize).copied().unwrap_or(end)
+        }
+    }
+
+    /// Position of `ep` in `cands`: binary search for the first few calls, then through a
+    /// dense endpoint-id table (worth building once a walk has many drops).
+    fn cand_index(&mut self, ep: u32) -> Option<usize> {
+        if self.searches < 64 {
+            self.searches += 1;
+            return self.cands.binary_search_by_key(&ep, |c| c.ep).ok();
+        }
+        if self.dense.is_empty() {
+            let len = self.cands.last().map_or(0, |c| c.ep as usize + 1);
+            self.dense = vec![u32::MAX; len];
+            for (i, c) in self.cands.iter().enumerate() {
+                self.dense[c.ep as usize] = i as u32;
+            }
+        }
+        self.dense
+            .get(ep as usize)
+            .filter(|i| **i != u32::MAX)
+            .map(|i| *i as usize)
+    }
+
+    /// Candidate `ci`'s best weight on block `at` is `best` (`None`: it does not hold it).
+    fn update(&mut self, ci: usize, best: Option<f64>, at: u32) {
+        let cuts = self.cuts.len() as u32;
+        if let Some(c) = self
+            .cands
+            .get_mut(ci)
+            .filter(|c| c.end == ALIVE && c.cuts == cuts)
+        {
+            self.alive -= usize::from(c.apply(best, at));
+        }
+    }
+}
+
+/// The leading holdings of `hs` that belong to `ep`.
+fn run_of(hs: &[Holding], ep: u32) -> &[Holding] {
+    let mut n = 0;
+    while hs.get(n).is_some_and(|h| h.ep == ep) {
+        n += 1;
+    }
+    &hs[..n]
+}
+
+/// Best unexpired tier weight among one endpoint's holdings (`None`: none is live).
+fn best_weight<'a>(
+    hs: impl IntoIterator<Item = &'a Holding>,
+    now: u32,
+    weights: &[f64; 4],
+) -> Option<f64> {
+    let mut best: Option<f64> = None;
+    for h in hs {
+        if !h.is_expired(now) {
+            let w = weights[usize::from(h.tier & 3)];
+            best = Some(best.map_or(w, |b: f64| b.max(w)));
+        }
+    }
+    best
+}
+
+/// When the sorted set `q` is the sorted set `p` minus some holdings, fills `out` with their
+/// positions in `p` and returns true. Each drop is found by galloping to the first position
+/// where `p[x]` and `q[x - drops found so far]` disagree; `fp_xor` (the two fingerprints
+/// XORed) then confirms that the dropped holdings explain the whole difference. Returns false
+/// for any other change, and the caller merges instead.
+pub(crate) fn dropped_only(
+    p: &[Holding],
+    q: &[Holding],
+    fp_xor: u64,
+    out: &mut Vec<usize>,
+) -> bool {
+    out.clear();
+    let Some(d) = p.len().checked_sub(q.len()).filter(|d| *d > 0) else {
+        return false;
+    };
+    // p[x] still sits at its place in q after `k` earlier drops (x >= k always holds here).
+    let agree = |x: usize, k: usize| q.get(x - k).is_some_and(|h| h.same(&p[x]));
+    let mut from = 0;
+    for k in 0..d {
+        // The first disagreement in [from, q.len() + k]; the upper end never agrees.
+        let (mut lo, hi) = (from, q.len() + k);
+        let mut step = 1;
+        while lo < hi && agree(lo, k) {
+            let probe = lo + step;
+            if probe < hi && agree(probe, k) {
+                lo = probe + 1;
+                step *= 2;
+                continue;
+            }
+            // Disagreement in (lo, min(probe, hi)]: bisect.
+            let (mut a, mut b) = (lo + 1, probe.min(hi));
+            while a < b {
+                let mid = a + (b - a) / 2;
+                if agree(mid, k) {
+                    a = mid + 1;
+                } else {
+                    b = mid;
+                }
+            }
+            lo = a;
+            break;
+        }
+        out.push(lo);
+        from = lo + 1;
+    }
+    out.iter().fold(fp_xor, |acc, &x| acc ^ p[x].mix()) == 0
+}
