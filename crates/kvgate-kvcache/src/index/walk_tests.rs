@@ -296,8 +296,10 @@ fn shared_prefix_cut_equals_naive() {
             13 => 40,
             _ => 16,
         };
+        // Every 61st endpoint from the 20th holds its prefix on disk only.
+        let tier = if i % 61 == 20 { Tier::Disk } else { Tier::Gpu };
         for k in &keys.keys[..gpu] {
-            endpoint::add_holding(&ix.inner.blocks, &slot, &mut st, k.0, Tier::Gpu);
+            endpoint::add_holding(&ix.inner.blocks, &slot, &mut st, k.0, tier);
         }
         if i % 61 == 7 {
             for k in &keys.keys[..96] {
@@ -319,6 +321,51 @@ fn shared_prefix_cut_equals_naive() {
     let mut shuffled: Vec<EndpointId> = cands.iter().rev().copied().collect();
     shuffled.push(cands[3]);
     assert_eq!(walk(&ix, &keys, &shuffled), got);
+}
+
+#[test]
+fn every_candidate_holding_block_0_once_equals_naive() {
+    // Block 0's one-to-one path: the candidates are exactly block 0's holders, one holding
+    // each, at all three tiers; then the same with an extra candidate whose only holdings are
+    // speculative and expired (back to the merge).
+    let clock = ManualClock::new(10_000);
+    let ix = KvIndex::with_clock(
+        IndexConfig::default(),
+        KvMetrics::unregistered(),
+        Arc::new(clock.clone()),
+    );
+    let eps = register(&ix, 201);
+    let toks: Vec<u32> = (0..4 * 64).collect();
+    let keys = block_keys(
+        &toks,
+        4,
+        KeyScope {
+            model: "m",
+            cache_salt: None,
+        },
+    );
+    let tiers = [Tier::Gpu, Tier::Cpu, Tier::Disk];
+    for (i, e) in eps[..200].iter().enumerate() {
+        let slot = ix.slot(*e).unwrap();
+        let mut st = slot.lock();
+        for k in &keys.keys[..1 + (i * 7) % 64] {
+            endpoint::add_holding(&ix.inner.blocks, &slot, &mut st, k.0, tiers[i % 3]);
+        }
+    }
+    let held = &eps[..200];
+    let got = walk(&ix, &keys, held);
+    assert_eq!(got.len(), 200);
+    assert_eq!(got, naive(&ix, &keys, held));
+    let late = eps[200];
+    let spec = BlockKeys {
+        keys: keys.keys[..8].to_vec(),
+        block_size: 4,
+    };
+    ix.insert_speculative(late, &spec);
+    clock.advance(5_000);
+    let got = walk(&ix, &keys, &eps);
+    assert_eq!(got, naive(&ix, &keys, &eps));
+    assert!(got.iter().all(|g| g.0 != late.0));
 }
 
 /// Registers endpoints `e0`…`e{n-1}` of model `m`, block size 4.

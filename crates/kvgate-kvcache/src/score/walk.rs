@@ -90,6 +90,19 @@ impl Walker {
                     cands.push(Cand::new(ep, weight));
                 }
             }
+        } else if holders.len() == eps.len()
+            && holders
+                .iter()
+                .zip(eps)
+                .all(|(h, e)| h.ep == e.0 && !h.is_expired(now))
+        {
+            // Every candidate holds block 0, once, unexpired (common: a system prompt on every
+            // endpoint).
+            cands.extend(
+                holders
+                    .iter()
+                    .map(|h| Cand::new(h.ep, weights[usize::from(h.tier & 3)])),
+            );
         } else {
             // Merge: one pass over both sorted lists.
             let mut j = 0;
@@ -267,6 +280,7 @@ impl Walker {
 
     /// Position of `ep` in `cands`: binary search for the first few calls, then through a
     /// dense endpoint-id table (worth building once a walk has many drops).
+    #[inline]
     fn cand_index(&mut self, ep: u32) -> Option<usize> {
         if self.searches < 64 {
             self.searches += 1;
