@@ -239,9 +239,18 @@ impl Walker {
     /// The result rows, for a walk that ended at block `end`.
     pub(super) fn rows(&self, end: u32, total: u32, block_size: u32) -> Vec<EndpointScore> {
         if self.cuts.is_empty() {
-            self.rows_with(|c| c.end.min(end), total, block_size)
+            self.rows_with(move |c| c.end.min(end), total, block_size)
         } else {
-            self.rows_with(|c| self.end_of(c, end), total, block_size)
+            // A candidate that did not survive a cut ends at that cut.
+            let cuts = self.cuts.as_slice();
+            self.rows_with(
+                move |c| match c.end {
+                    ALIVE => cuts.get(c.cuts as usize).copied().unwrap_or(end),
+                    at => at,
+                },
+                total,
+                block_size,
+            )
         }
     }
 
@@ -256,7 +265,7 @@ impl Walker {
         let bs = u64::from(block_size);
         self.cands
             .iter()
-            .map(|c| {
+            .map(move |c| {
                 let blocks = blocks_of(c);
                 let score = c.acc + c.weight * f64::from(blocks - c.since);
                 EndpointScore {
@@ -269,34 +278,33 @@ impl Walker {
             .collect()
     }
 
-    /// Where candidate `c` stopped matching, for a walk that ended at block `end`.
-    fn end_of(&self, c: &Cand, end: u32) -> u32 {
-        if c.end != ALIVE {
-            c.end
-        } else {
-            self.cuts.get(c.cuts as usize).copied().unwrap_or(end)
-        }
-    }
-
     /// Position of `ep` in `cands`: binary search for the first few calls, then through a
     /// dense endpoint-id table (worth building once a walk has many drops).
     #[inline]
     fn cand_index(&mut self, ep: u32) -> Option<usize> {
-        if self.searches < 64 {
-            self.searches += 1;
-            return self.cands.binary_search_by_key(&ep, |c| c.ep).ok();
-        }
         if self.dense.is_empty() {
-            let len = self.cands.last().map_or(0, |c| c.ep as usize + 1);
-            self.dense = vec![u32::MAX; len];
-            for (i, c) in self.cands.iter().enumerate() {
-                self.dense[c.ep as usize] = i as u32;
-            }
+            return self.search(ep);
         }
         self.dense
             .get(ep as usize)
             .filter(|i| **i != u32::MAX)
             .map(|i| *i as usize)
+    }
+
+    /// [`Walker::cand_index`] before the dense table exists: a binary search, and after 64
+    /// of them, the table.
+    #[cold]
+    fn search(&mut self, ep: u32) -> Option<usize> {
+        if self.searches < 64 {
+            self.searches += 1;
+            return self.cands.binary_search_by_key(&ep, |c| c.ep).ok();
+        }
+        let len = self.cands.last().map_or(0, |c| c.ep as usize + 1);
+        self.dense = vec![u32::MAX; len];
+        for (i, c) in self.cands.iter().enumerate() {
+            self.dense[c.ep as usize] = i as u32;
+        }
+        self.cands.binary_search_by_key(&ep, |c| c.ep).ok()
     }
 
     /// Candidate `ci`'s best weight on block `at` is `best` (`None`: it does not hold it).
