@@ -21,7 +21,10 @@
 //! ends there without being touched. So a lookup costs O(candidates) once, for block 0 and the
 //! result rows, plus O(log holders) per dropped holding, instead of O(holders) per changed
 //! block; each candidate's score is kept as (weight, since) and settled only when its weight
-//! changes. Sorted, unique candidate lists are read in place (no copy).
+//! changes. Sorted, unique candidate lists are read in place (no copy), and when the
+//! candidates are exactly block 0's holders (a system prompt on every endpoint, every endpoint
+//! a candidate), block 0's set stands in for them: only the survivors of a first cut are ever
+//! copied, and the result rows are written straight from block 0's holders.
 
 use std::time::Instant;
 
@@ -132,7 +135,7 @@ impl KvIndex {
             self.inner.clock.now_ms() as u32,
             self.inner.config.tier_weights,
             cands,
-            first.as_slice(),
+            &first,
         );
         let gallop = self.inner.config.gallop;
         let peek = |i: usize| {

@@ -368,6 +368,66 @@ fn every_candidate_holding_block_0_once_equals_naive() {
     assert!(got.iter().all(|g| g.0 != late.0));
 }
 
+#[test]
+fn base_cut_equals_naive() {
+    // Every endpoint a candidate holding block 0 once, so the walk starts from block 0's
+    // holders without copying them; the first change is a cut to a few longer holders, then
+    // more cuts and drops among those. Strict rounds add holders whose tier changes at the cut
+    // (GPU up to the shared prefix's end, CPU after it), and one whose later blocks are only
+    // speculative and expired (it dies at the cut).
+    for strict in [false, true] {
+        let clock = ManualClock::new(10_000);
+        let cfg = IndexConfig {
+            gallop: !strict,
+            speculative_ttl: std::time::Duration::from_millis(1_000),
+            ..IndexConfig::default()
+        };
+        let ix = KvIndex::with_clock(cfg, KvMetrics::unregistered(), Arc::new(clock.clone()));
+        let eps = register(&ix, 250);
+        let toks: Vec<u32> = (0..4 * 128).collect();
+        let keys = block_keys(
+            &toks,
+            4,
+            KeyScope {
+                model: "m",
+                cache_salt: None,
+            },
+        );
+        for (i, e) in eps.iter().enumerate() {
+            let slot = ix.slot(*e).unwrap();
+            let mut st = slot.lock();
+            let (len, tier) = match i % 50 {
+                0 => (128, Tier::Gpu),
+                9 => (100, Tier::Disk),
+                21 => (48, Tier::Cpu),
+                33 => (20, Tier::Gpu),
+                _ => (16, if i % 7 == 0 { Tier::Disk } else { Tier::Gpu }),
+            };
+            for k in &keys.keys[..len] {
+                endpoint::add_holding(&ix.inner.blocks, &slot, &mut st, k.0, tier);
+            }
+            if strict && i % 50 == 40 {
+                for k in &keys.keys[16..90] {
+                    endpoint::add_holding(&ix.inner.blocks, &slot, &mut st, k.0, Tier::Cpu);
+                }
+            }
+        }
+        if strict {
+            let tail = BlockKeys {
+                keys: keys.keys[16..60].to_vec(),
+                block_size: 4,
+            };
+            ix.insert_speculative(eps[45], &tail);
+            clock.advance(2_000);
+        }
+        let got = walk(&ix, &keys, &eps);
+        assert_eq!(got.len(), eps.len(), "strict {strict}");
+        assert_eq!(got, naive(&ix, &keys, &eps), "strict {strict}");
+        let best = got.iter().map(|g| g.1).max();
+        assert_eq!(best, Some(128), "strict {strict}");
+    }
+}
+
 /// Registers endpoints `e0`…`e{n-1}` of model `m`, block size 4.
 fn register(ix: &KvIndex, n: usize) -> Vec<EndpointId> {
     (0..n)

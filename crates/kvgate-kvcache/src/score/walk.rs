@@ -70,17 +70,53 @@ pub(super) struct Walker {
     cuts: Vec<u32>,
     /// Binary searches done so far (see [`Walker::cand_index`]).
     searches: u32,
+    /// Block 0's holders standing in for the candidates nothing has touched yet.
+    base: Option<Base>,
+}
+
+/// When the candidates are exactly block 0's holders, one unexpired holding each, the walk does
+/// not copy them into `cands` up front. Until the first transition every candidate is in its
+/// initial state (its block-0 tier's weight from block 0 on); a first transition that is a cut
+/// keeps only the survivors in `cands`, and everyone else ended at the cut in that state.
+struct Base {
+    /// Block 0's holder set: the candidates, in endpoint order.
+    holders: Snap,
+    /// Where the candidates not in `cands` ended (`None`: no cut yet, `cands` is empty and every
+    /// candidate is live).
+    end: Option<u32>,
 }
 
 impl Walker {
     /// Intersects the sorted candidate ids with block 0's holders.
-    pub(super) fn new(
-        now: u32,
-        weights: TierWeights,
-        eps: &[EndpointId],
-        holders: &[Holding],
-    ) -> Self {
+    pub(super) fn new(now: u32, weights: TierWeights, eps: &[EndpointId], first: &Snap) -> Self {
         let weights = [0, 1, 2, 3].map(|bits| weights.of(bits));
+        let holders = first.as_slice();
+        let mut walker = Walker {
+            now,
+            weights,
+            alive: 0,
+            cands: Vec::new(),
+            drops: Vec::new(),
+            dense: Vec::new(),
+            cuts: Vec::new(),
+            searches: 0,
+            base: None,
+        };
+        if holders.len() == eps.len()
+            && holders
+                .iter()
+                .zip(eps)
+                .all(|(h, e)| h.ep == e.0 && !h.is_expired(now))
+        {
+            // Every candidate holds block 0, once, unexpired (common: a system prompt on every
+            // endpoint): no copy (see [`Base`]).
+            walker.alive = holders.len();
+            walker.base = Some(Base {
+                holders: first.clone(),
+                end: None,
+            });
+            return walker;
+        }
         let mut cands = Vec::with_capacity(eps.len().min(holders.len()));
         if eps.len() * 16 < holders.len() {
             // Few candidates: binary-search each.
@@ -90,19 +126,6 @@ impl Walker {
                     cands.push(Cand::new(ep, weight));
                 }
             }
-        } else if holders.len() == eps.len()
-            && holders
-                .iter()
-                .zip(eps)
-                .all(|(h, e)| h.ep == e.0 && !h.is_expired(now))
-        {
-            // Every candidate holds block 0, once, unexpired (common: a system prompt on every
-            // endpoint).
-            cands.extend(
-                holders
-                    .iter()
-                    .map(|h| Cand::new(h.ep, weights[usize::from(h.tier & 3)])),
-            );
         } else {
             // Merge: one pass over both sorted lists.
             let mut j = 0;
@@ -132,21 +155,58 @@ impl Walker {
                 }
             }
         }
-        Walker {
-            now,
-            weights,
-            alive: cands.len(),
-            cands,
-            drops: Vec::new(),
-            dense: Vec::new(),
-            cuts: Vec::new(),
-            searches: 0,
+        walker.alive = cands.len();
+        walker.cands = cands;
+        walker
+    }
+
+    /// The weight of a block-0 holding (its tier's).
+    fn weight_of(&self, h: &Holding) -> f64 {
+        self.weights[usize::from(h.tier & 3)]
+    }
+
+    /// Leaves the [`Base`] state before the first transition: one candidate per block-0 holder.
+    fn materialize(&mut self, base: Base) {
+        let holders = base.holders.as_slice();
+        self.cands = holders
+            .iter()
+            .map(|h| Cand::new(h.ep, self.weight_of(h)))
+            .collect();
+    }
+
+    /// The first transition, from the [`Base`] state, is a cut to `q` at `at`: the candidates
+    /// in `q` become `cands`, the others end at `at` untouched.
+    fn base_cut(&mut self, mut base: Base, q: &[Holding], at: u32) {
+        let holders = base.holders.as_slice();
+        let mut survivors = Vec::new();
+        let mut j = 0;
+        while let Some(h) = q.get(j) {
+            let run = run_of(&q[j..], h.ep);
+            j += run.len();
+            let Ok(i) = holders.binary_search_by_key(&h.ep, |x| x.ep) else {
+                continue; // not a candidate
+            };
+            let mut c = Cand::new(h.ep, self.weight_of(&holders[i]));
+            if !c.apply(best_weight(run, self.now, &self.weights), at) {
+                survivors.push(c);
+            }
         }
+        self.alive = survivors.len();
+        self.cands = survivors;
+        base.end = Some(at);
+        self.base = Some(base);
     }
 
     /// The holder set changed from `prev` to `next` at block `at`.
     pub(super) fn transition(&mut self, prev: &Snap, next: &Snap, at: u32) {
         let (p, q) = (prev.as_slice(), next.as_slice());
+        if let Some(base) = self.base.take_if(|b| b.end.is_none()) {
+            if q.len() * 8 < self.alive {
+                self.base_cut(base, q, at);
+                return;
+            }
+            self.materialize(base);
+        }
         let fp_xor = prev.fingerprint() ^ next.fingerprint();
         let mut drops = std::mem::take(&mut self.drops);
         // Searching costs a few binary searches per dropped holding, merging one step per
@@ -238,6 +298,9 @@ impl Walker {
 
     /// The result rows, for a walk that ended at block `end`.
     pub(super) fn rows(&self, end: u32, total: u32, block_size: u32) -> Vec<EndpointScore> {
+        if let Some(base) = &self.base {
+            return self.base_rows(base, end, total, block_size);
+        }
         if self.cuts.is_empty() {
             self.rows_with(move |c| c.end.min(end), total, block_size)
         } else {
@@ -252,6 +315,41 @@ impl Walker {
                 block_size,
             )
         }
+    }
+
+    /// [`Walker::rows`] in the [`Base`] state: block 0's holders in their initial state, each
+    /// replaced by its entry in `cands` where it has one.
+    fn base_rows(&self, base: &Base, end: u32, total: u32, block_size: u32) -> Vec<EndpointScore> {
+        let total = f64::from(total);
+        let bs = u64::from(block_size);
+        let row = |ep: u32, blocks: u32, score: f64| EndpointScore {
+            endpoint: EndpointId(ep),
+            score: (score / total).clamp(0.0, 1.0),
+            matched_blocks: blocks,
+            predicted_cached_tokens: u64::from(blocks) * bs,
+        };
+        let holders = base.holders.as_slice();
+        let Some(cut) = base.end else {
+            return holders
+                .iter()
+                .map(|h| row(h.ep, end, 0.0 + self.weight_of(h) * f64::from(end)))
+                .collect();
+        };
+        let cuts = self.cuts.as_slice();
+        let mut rest = self.cands.iter().peekable();
+        holders
+            .iter()
+            .map(|h| match rest.next_if(|c| c.ep == h.ep) {
+                Some(c) => {
+                    let blocks = match c.end {
+                        ALIVE => cuts.get(c.cuts as usize).copied().unwrap_or(end),
+                        at => at,
+                    };
+                    row(c.ep, blocks, c.acc + c.weight * f64::from(blocks - c.since))
+                }
+                None => row(h.ep, cut, 0.0 + self.weight_of(h) * f64::from(cut)),
+            })
+            .collect()
     }
 
     /// The result rows, with `blocks_of` giving each candidate's matched blocks.
