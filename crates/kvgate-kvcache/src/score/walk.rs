@@ -322,34 +322,43 @@ impl Walker {
     fn base_rows(&self, base: &Base, end: u32, total: u32, block_size: u32) -> Vec<EndpointScore> {
         let total = f64::from(total);
         let bs = u64::from(block_size);
-        let row = |ep: u32, blocks: u32, score: f64| EndpointScore {
-            endpoint: EndpointId(ep),
-            score: (score / total).clamp(0.0, 1.0),
+        let holders = base.holders.as_slice();
+        let (blocks, touched) = match base.end {
+            None => (end, &[][..]),
+            Some(cut) => (cut, self.cands.as_slice()),
+        };
+        // Untouched candidates all end at `blocks`, at their block-0 tier: one score per tier.
+        let scores = self
+            .weights
+            .map(|w| ((0.0 + w * f64::from(blocks)) / total).clamp(0.0, 1.0));
+        let untouched = |h: &Holding| EndpointScore {
+            endpoint: EndpointId(h.ep),
+            score: scores[usize::from(h.tier & 3)],
             matched_blocks: blocks,
             predicted_cached_tokens: u64::from(blocks) * bs,
         };
-        let holders = base.holders.as_slice();
-        let Some(cut) = base.end else {
-            return holders
-                .iter()
-                .map(|h| row(h.ep, end, 0.0 + self.weight_of(h) * f64::from(end)))
-                .collect();
-        };
         let cuts = self.cuts.as_slice();
-        let mut rest = self.cands.iter().peekable();
-        holders
-            .iter()
-            .map(|h| match rest.next_if(|c| c.ep == h.ep) {
-                Some(c) => {
-                    let blocks = match c.end {
-                        ALIVE => cuts.get(c.cuts as usize).copied().unwrap_or(end),
-                        at => at,
-                    };
-                    row(c.ep, blocks, c.acc + c.weight * f64::from(blocks - c.since))
-                }
-                None => row(h.ep, cut, 0.0 + self.weight_of(h) * f64::from(cut)),
-            })
-            .collect()
+        let mut out = Vec::with_capacity(holders.len());
+        let mut j = 0;
+        for c in touched {
+            // Survivors come from block 0's holders, in the same order.
+            let k = j + holders[j..].partition_point(|h| h.ep < c.ep);
+            out.extend(holders[j..k].iter().map(untouched));
+            j = k + usize::from(holders.get(k).is_some_and(|h| h.ep == c.ep));
+            let blocks = match c.end {
+                ALIVE => cuts.get(c.cuts as usize).copied().unwrap_or(end),
+                at => at,
+            };
+            let score = c.acc + c.weight * f64::from(blocks - c.since);
+            out.push(EndpointScore {
+                endpoint: EndpointId(c.ep),
+                score: (score / total).clamp(0.0, 1.0),
+                matched_blocks: blocks,
+                predicted_cached_tokens: u64::from(blocks) * bs,
+            });
+        }
+        out.extend(holders[j..].iter().map(untouched));
+        out
     }
 
     /// The result rows, with `blocks_of` giving each candidate's matched blocks.
