@@ -28,13 +28,14 @@
 
 use std::time::Instant;
 
+mod drops;
 mod walk;
 
 use crate::index::{EndpointId, KvIndex};
 use crate::keys::BlockKeys;
-use walk::Walker;
 #[cfg(test)]
-pub(crate) use walk::dropped_only;
+pub(crate) use drops::dropped_only;
+use walk::Walker;
 
 /// One candidate's prefix match.
 #[derive(Debug, Clone, Copy, PartialEq)]
