@@ -21,9 +21,9 @@
 //! ends there without being touched. So a lookup costs O(candidates) once, for block 0 and the
 //! result rows, plus O(log holders) per dropped holding, instead of O(holders) per changed
 //! block; each candidate's score is kept as (weight, since) and settled only when its weight
-//! changes. Sorted, unique candidate lists are read in place (no copy), and when the
-//! candidates are exactly block 0's holders (a system prompt on every endpoint, every endpoint
-//! a candidate), block 0's set stands in for them: only the survivors of a first cut are ever
+//! changes. Sorted, unique candidate lists are read in place (no copy), and when every holder
+//! of block 0 is a candidate (a system prompt on every endpoint, every endpoint a candidate),
+//! block 0's set stands in for the candidates: only the survivors of a first cut are ever
 //! copied, and the result rows are written straight from block 0's holders.
 
 use std::time::Instant;

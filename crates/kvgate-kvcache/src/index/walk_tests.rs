@@ -325,16 +325,17 @@ fn shared_prefix_cut_equals_naive() {
 
 #[test]
 fn every_candidate_holding_block_0_once_equals_naive() {
-    // Block 0's one-to-one path: the candidates are exactly block 0's holders, one holding
-    // each, at all three tiers; then the same with an extra candidate whose only holdings are
-    // speculative and expired (back to the merge).
+    // Block 0's holders standing in for the candidates: the candidates are exactly block 0's
+    // holders, one holding each, at all three tiers; then with two more candidates that hold
+    // nothing; then with an extra candidate whose only holdings are speculative and expired
+    // (back to the merge).
     let clock = ManualClock::new(10_000);
     let ix = KvIndex::with_clock(
         IndexConfig::default(),
         KvMetrics::unregistered(),
         Arc::new(clock.clone()),
     );
-    let eps = register(&ix, 201);
+    let eps = register(&ix, 203);
     let toks: Vec<u32> = (0..4 * 64).collect();
     let keys = block_keys(
         &toks,
@@ -356,6 +357,12 @@ fn every_candidate_holding_block_0_once_equals_naive() {
     let got = walk(&ix, &keys, held);
     assert_eq!(got.len(), 200);
     assert_eq!(got, naive(&ix, &keys, held));
+    let idle: Vec<EndpointId> = eps[..200].iter().chain(&eps[201..]).copied().collect();
+    assert_eq!(
+        walk(&ix, &keys, &idle),
+        got,
+        "candidates holding nothing add no rows"
+    );
     let late = eps[200];
     let spec = BlockKeys {
         keys: keys.keys[..8].to_vec(),

@@ -75,10 +75,11 @@ pub(super) struct Walker {
     base: Option<Base>,
 }
 
-/// When the candidates are exactly block 0's holders, one unexpired holding each, the walk does
-/// not copy them into `cands` up front. Until the first transition every candidate is in its
-/// initial state (its block-0 tier's weight from block 0 on); a first transition that is a cut
-/// keeps only the survivors in `cands`, and everyone else ended at the cut in that state.
+/// When every holder of block 0 is a candidate with one unexpired holding (so the candidates
+/// that hold block 0 are exactly its holders), the walk does not copy them into `cands` up
+/// front. Until the first transition every candidate is in its initial state (its block-0
+/// tier's weight from block 0 on); a first transition that is a cut keeps only the survivors in
+/// `cands`, and everyone else ended at the cut in that state.
 struct Base {
     /// Block 0's holder set: the candidates, in endpoint order.
     holders: Snap,
@@ -103,14 +104,9 @@ impl Walker {
             searches: 0,
             base: None,
         };
-        if holders.len() == eps.len()
-            && holders
-                .iter()
-                .zip(eps)
-                .all(|(h, e)| h.ep == e.0 && !h.is_expired(now))
-        {
-            // Every candidate holds block 0, once, unexpired (common: a system prompt on every
-            // endpoint): no copy (see [`Base`]).
+        if all_candidates(holders, eps, now) {
+            // Every holder of block 0 is a candidate, with one unexpired holding (common: a
+            // system prompt on every endpoint): no copy (see [`Base`]).
             walker.alive = holders.len();
             walker.base = Some(Base {
                 holders: first.clone(),
@@ -426,6 +422,37 @@ impl Walker {
             self.alive -= usize::from(c.apply(best, at));
         }
     }
+}
+
+/// True when every holding in `holders` (sorted) belongs to a candidate in `eps` (sorted,
+/// unique), unexpired, one per endpoint.
+fn all_candidates(holders: &[Holding], eps: &[EndpointId], now: u32) -> bool {
+    if holders.len() == eps.len() {
+        // Then they must be the same endpoints, pairwise (the common case: one comparison each).
+        return holders
+            .iter()
+            .zip(eps)
+            .all(|(h, e)| h.ep == e.0 && !h.is_expired(now));
+    }
+    if holders.len() > eps.len() {
+        return false;
+    }
+    let mut i = 0;
+    let mut prev = None;
+    for h in holders {
+        if h.is_expired(now) || prev == Some(h.ep) {
+            return false;
+        }
+        prev = Some(h.ep);
+        while eps.get(i).is_some_and(|e| e.0 < h.ep) {
+            i += 1;
+        }
+        if eps.get(i).is_none_or(|e| e.0 != h.ep) {
+            return false;
+        }
+        i += 1;
+    }
+    true
 }
 
 /// The leading holdings of `hs` that belong to `ep`.
