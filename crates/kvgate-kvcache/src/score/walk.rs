@@ -395,11 +395,11 @@ impl Walker {
             .map(|i| *i as usize)
     }
 
-    /// [`Walker::cand_index`] before the dense table exists: a binary search, and after 64
+    /// [`Walker::cand_index`] before the dense table exists: a binary search, and after 16
     /// of them, the table.
     #[cold]
     fn search(&mut self, ep: u32) -> Option<usize> {
-        if self.searches < 64 {
+        if self.searches < 16 {
             self.searches += 1;
             return self.cands.binary_search_by_key(&ep, |c| c.ep).ok();
         }
