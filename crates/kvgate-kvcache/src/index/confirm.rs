@@ -28,13 +28,17 @@ impl KvIndex {
             .is_some_and(|s| s.unconfirmed.load(Ordering::Relaxed))
     }
 
-    /// Drops unconfirmed endpoints from a scoring candidate list (sorted, deduplicated ids).
-    /// One atomic load when no endpoint is unconfirmed.
-    pub(crate) fn retain_confirmed(&self, candidates: &mut Vec<u32>) {
-        if self.inner.unconfirmed.load(Ordering::Relaxed) == 0 {
+    /// True when no endpoint is unconfirmed (one atomic load).
+    pub(crate) fn all_confirmed(&self) -> bool {
+        self.inner.unconfirmed.load(Ordering::Relaxed) == 0
+    }
+
+    /// Drops unconfirmed endpoints from a scoring candidate list.
+    pub(crate) fn retain_confirmed(&self, candidates: &mut Vec<EndpointId>) {
+        if self.all_confirmed() {
             return;
         }
-        candidates.retain(|c| !self.is_unconfirmed(EndpointId(*c)));
+        candidates.retain(|c| !self.is_unconfirmed(*c));
     }
 }
 

@@ -266,6 +266,175 @@ fn long_staircase_equals_naive() {
     assert_eq!(got, naive(&ix, &keys, &cands));
 }
 
+#[test]
+fn shared_prefix_cut_equals_naive() {
+    // Most endpoints hold a short shared prefix and a few hold more: the walk cuts the
+    // candidates down to the few instead of visiting all of them. Some of the few also hold a
+    // CPU copy further on, some a live speculative tail; non-candidates sit among them.
+    let clock = ManualClock::new(10_000);
+    let ix = KvIndex::with_clock(
+        IndexConfig::default(),
+        KvMetrics::unregistered(),
+        Arc::new(clock.clone()),
+    );
+    let eps = register(&ix, 300);
+    let toks: Vec<u32> = (0..4 * 128).collect();
+    let keys = block_keys(
+        &toks,
+        4,
+        KeyScope {
+            model: "m",
+            cache_salt: None,
+        },
+    );
+    for (i, e) in eps.iter().enumerate() {
+        let slot = ix.slot(*e).unwrap();
+        let mut st = slot.lock();
+        let gpu = match i % 61 {
+            0 => 128,
+            7 => 64,
+            13 => 40,
+            _ => 16,
+        };
+        // Every 61st endpoint from the 20th holds its prefix on disk only.
+        let tier = if i % 61 == 20 { Tier::Disk } else { Tier::Gpu };
+        for k in &keys.keys[..gpu] {
+            endpoint::add_holding(&ix.inner.blocks, &slot, &mut st, k.0, tier);
+        }
+        if i % 61 == 7 {
+            for k in &keys.keys[..96] {
+                endpoint::add_holding(&ix.inner.blocks, &slot, &mut st, k.0, Tier::Cpu);
+            }
+        }
+    }
+    let spec = BlockKeys {
+        keys: keys.keys[..80].to_vec(),
+        block_size: 4,
+    };
+    ix.insert_speculative(eps[13], &spec);
+    let cands: Vec<EndpointId> = eps.iter().copied().filter(|e| e.0 % 5 != 3).collect();
+    let got = walk(&ix, &keys, &cands);
+    assert_eq!(got.len(), cands.len());
+    assert!(got.iter().any(|g| g.1 == 128) && got.iter().any(|g| g.1 == 96));
+    assert_eq!(got, naive(&ix, &keys, &cands));
+    // Unsorted, duplicated candidates give the same rows.
+    let mut shuffled: Vec<EndpointId> = cands.iter().rev().copied().collect();
+    shuffled.push(cands[3]);
+    assert_eq!(walk(&ix, &keys, &shuffled), got);
+}
+
+#[test]
+fn every_candidate_holding_block_0_once_equals_naive() {
+    // Block 0's holders standing in for the candidates: the candidates are exactly block 0's
+    // holders, one holding each, at all three tiers; then with two more candidates that hold
+    // nothing; then with an extra candidate whose only holdings are speculative and expired
+    // (back to the merge).
+    let clock = ManualClock::new(10_000);
+    let ix = KvIndex::with_clock(
+        IndexConfig::default(),
+        KvMetrics::unregistered(),
+        Arc::new(clock.clone()),
+    );
+    let eps = register(&ix, 203);
+    let toks: Vec<u32> = (0..4 * 64).collect();
+    let keys = block_keys(
+        &toks,
+        4,
+        KeyScope {
+            model: "m",
+            cache_salt: None,
+        },
+    );
+    let tiers = [Tier::Gpu, Tier::Cpu, Tier::Disk];
+    for (i, e) in eps[..200].iter().enumerate() {
+        let slot = ix.slot(*e).unwrap();
+        let mut st = slot.lock();
+        for k in &keys.keys[..1 + (i * 7) % 64] {
+            endpoint::add_holding(&ix.inner.blocks, &slot, &mut st, k.0, tiers[i % 3]);
+        }
+    }
+    let held = &eps[..200];
+    let got = walk(&ix, &keys, held);
+    assert_eq!(got.len(), 200);
+    assert_eq!(got, naive(&ix, &keys, held));
+    let idle: Vec<EndpointId> = eps[..200].iter().chain(&eps[201..]).copied().collect();
+    assert_eq!(
+        walk(&ix, &keys, &idle),
+        got,
+        "candidates holding nothing add no rows"
+    );
+    let late = eps[200];
+    let spec = BlockKeys {
+        keys: keys.keys[..8].to_vec(),
+        block_size: 4,
+    };
+    ix.insert_speculative(late, &spec);
+    clock.advance(5_000);
+    let got = walk(&ix, &keys, &eps);
+    assert_eq!(got, naive(&ix, &keys, &eps));
+    assert!(got.iter().all(|g| g.0 != late.0));
+}
+
+#[test]
+fn base_cut_equals_naive() {
+    // Every endpoint a candidate holding block 0 once, so the walk starts from block 0's
+    // holders without copying them; the first change is a cut to a few longer holders, then
+    // more cuts and drops among those. Strict rounds add holders whose tier changes at the cut
+    // (GPU up to the shared prefix's end, CPU after it), and one whose later blocks are only
+    // speculative and expired (it dies at the cut).
+    for strict in [false, true] {
+        let clock = ManualClock::new(10_000);
+        let cfg = IndexConfig {
+            gallop: !strict,
+            speculative_ttl: std::time::Duration::from_millis(1_000),
+            ..IndexConfig::default()
+        };
+        let ix = KvIndex::with_clock(cfg, KvMetrics::unregistered(), Arc::new(clock.clone()));
+        let eps = register(&ix, 250);
+        let toks: Vec<u32> = (0..4 * 128).collect();
+        let keys = block_keys(
+            &toks,
+            4,
+            KeyScope {
+                model: "m",
+                cache_salt: None,
+            },
+        );
+        for (i, e) in eps.iter().enumerate() {
+            let slot = ix.slot(*e).unwrap();
+            let mut st = slot.lock();
+            let (len, tier) = match i % 50 {
+                0 => (128, Tier::Gpu),
+                9 => (100, Tier::Disk),
+                21 => (48, Tier::Cpu),
+                33 => (20, Tier::Gpu),
+                _ => (16, if i % 7 == 0 { Tier::Disk } else { Tier::Gpu }),
+            };
+            for k in &keys.keys[..len] {
+                endpoint::add_holding(&ix.inner.blocks, &slot, &mut st, k.0, tier);
+            }
+            if strict && i % 50 == 40 {
+                for k in &keys.keys[16..90] {
+                    endpoint::add_holding(&ix.inner.blocks, &slot, &mut st, k.0, Tier::Cpu);
+                }
+            }
+        }
+        if strict {
+            let tail = BlockKeys {
+                keys: keys.keys[16..60].to_vec(),
+                block_size: 4,
+            };
+            ix.insert_speculative(eps[45], &tail);
+            clock.advance(2_000);
+        }
+        let got = walk(&ix, &keys, &eps);
+        assert_eq!(got.len(), eps.len(), "strict {strict}");
+        assert_eq!(got, naive(&ix, &keys, &eps), "strict {strict}");
+        let best = got.iter().map(|g| g.1).max();
+        assert_eq!(best, Some(128), "strict {strict}");
+    }
+}
+
 /// Registers endpoints `e0`…`e{n-1}` of model `m`, block size 4.
 fn register(ix: &KvIndex, n: usize) -> Vec<EndpointId> {
     (0..n)
