@@ -1,0 +1,259 @@
+#!/usr/bin/env bash
+# The proxy path side by side with the peer routers (benchmark only; tests never need it).
+#
+# nginx (Debian) plays an engine that answers every request with one fixed chat completion, so
+# the figures are the routers' own cost. Each target gets the same ~2.4 KB chat body:
+#   direct        nginx itself
+#   vllm-rr       vllm-router --policy round_robin
+#   smg-rr        smg launch --policy round_robin
+#   smg-cache     smg launch --policy cache_aware (its text tree, no tokenizer)
+#   kvgate        kvgate serve, load routing (no tokenizer)
+#   kvgate-tok    kvgate serve with the local Qwen3 tokenizer and a KV-event endpoint, so every
+#                 request is tokenized and scored precisely (the same body each time: the
+#                 repeated-prefix case, where the segment cache serves the chunks)
+# Load, per target and round: wrk (closed loop, -t1 -c16, DURATION s) for req/s and latency,
+# then hey at a fixed 500 req/s (-c 10 -q 50) for p50/p99 at that rate. Round 2 runs the
+# targets in the reverse order. One engine, one router at a time; all on this machine.
+#
+# Usage: scripts/proxy_peers.sh [--rounds N] [--duration S] [--targets a,b,...] [--out DIR]
+# Env: KVGATE_BIN (default target/release/kvgate), PEERS_VENV (default
+#   ~/.cache/kvgate-peers-venv; created with vllm-router==0.1.17 sglang-router==0.3.2 when
+#   missing), KVGATE_TOKENIZER (default testdata/tokenizers/qwen3).
+# Needs nginx, wrk and hey (Debian: apt-get install nginx-light wrk hey).
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+cd "$ROOT"
+
+ROUNDS=2 DURATION=6 OUT=proxy-peers-out
+TARGETS=(direct vllm-rr smg-rr smg-cache kvgate kvgate-tok)
+while (($#)); do
+  case $1 in
+    --rounds) ROUNDS=$2; shift 2 ;;
+    --duration) DURATION=$2; shift 2 ;;
+    --targets) IFS=',' read -r -a TARGETS <<<"$2"; shift 2 ;;
+    --out) OUT=$2; shift 2 ;;
+    -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
+    *) echo "unknown argument $1" >&2; exit 2 ;;
+  esac
+done
+
+KVGATE=${KVGATE_BIN:-target/release/kvgate}
+PEERS_VENV=${PEERS_VENV:-$HOME/.cache/kvgate-peers-venv}
+TOKENIZER_DIR=${KVGATE_TOKENIZER:-testdata/tokenizers/qwen3}
+MODEL=Qwen/Qwen3-0.6B
+die() { echo "proxy_peers: $*" >&2; exit 1; }
+for tool in nginx wrk hey curl python3; do
+  command -v "$tool" >/dev/null || [[ -x /usr/sbin/$tool ]] || die "$tool missing (apt-get install nginx-light wrk hey)"
+done
+NGINX=$(command -v nginx || echo /usr/sbin/nginx)
+[[ -x $KVGATE ]] || die "$KVGATE missing (cargo build --release -p kvgate)"
+needs_peers=0
+for t in "${TARGETS[@]}"; do case $t in vllm-*|smg-*) needs_peers=1 ;; esac; done
+if ((needs_peers)) && [[ ! -x $PEERS_VENV/bin/smg || ! -x $PEERS_VENV/bin/vllm-router ]]; then
+  python3 -m venv "$PEERS_VENV"
+  "$PEERS_VENV/bin/pip" install --quiet vllm-router==0.1.17 sglang-router==0.3.2
+fi
+
+mkdir -p "$OUT/logs"
+OUT=$(cd "$OUT" && pwd)
+WORK=$(mktemp -d)
+PIDS=()
+cleanup() {
+  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+wait_http() { # URL PID NAME
+  local i
+  for ((i = 0; i < 600; i++)); do
+    curl -fsS -m 1 -o /dev/null "$1" 2>/dev/null && return 0
+    kill -0 "$2" 2>/dev/null || die "$3 exited (logs in $OUT/logs)"
+    sleep 0.1
+  done
+  die "$3 not ready at $1"
+}
+
+# The body: a system prompt and a question, about 2.4 KB.
+python3 - "$WORK/body.json" "$MODEL" <<'EOF'
+import json, sys
+words = ("the router forwards every request byte for byte to the engine that holds its "
+         "prefix while it still spreads the load across the fleet").split()
+system = " ".join(words[i % len(words)] for i in range(380))
+body = {"model": sys.argv[2], "max_tokens": 16, "messages": [
+    {"role": "system", "content": system},
+    {"role": "user", "content": "Summarize the text above in one sentence."}]}
+open(sys.argv[1], "w").write(json.dumps(body))
+EOF
+BODY_BYTES=$(wc -c <"$WORK/body.json")
+cat >"$WORK/post.lua" <<EOF
+wrk.method = "POST"
+wrk.headers["Content-Type"] = "application/json"
+local f = io.open("$WORK/body.json", "rb")
+wrk.body = f:read("*a")
+f:close()
+EOF
+
+# The engine: nginx, one worker, a fixed completion for every path.
+ENGINE_PORT=$(free_port)
+COMPLETION='{"id":"chatcmpl-0","object":"chat.completion","created":0,"model":"'$MODEL'","choices":[{"index":0,"message":{"role":"assistant","content":"A router that keeps prefixes together."},"finish_reason":"stop"}],"usage":{"prompt_tokens":520,"completion_tokens":8,"total_tokens":528}}'
+cat >"$WORK/nginx.conf" <<EOF
+worker_processes 1;
+daemon off;
+pid $WORK/nginx.pid;
+error_log $OUT/logs/nginx.error.log warn;
+events { worker_connections 4096; }
+http {
+  access_log off;
+  client_body_temp_path $WORK;
+  proxy_temp_path $WORK;
+  fastcgi_temp_path $WORK;
+  uwsgi_temp_path $WORK;
+  scgi_temp_path $WORK;
+  keepalive_requests 1000000;
+  server {
+    listen 127.0.0.1:$ENGINE_PORT;
+    location / { default_type application/json; return 200 '$COMPLETION'; }
+  }
+}
+EOF
+"$NGINX" -p "$WORK" -c "$WORK/nginx.conf" >"$OUT/logs/nginx.log" 2>&1 &
+NGINX_PID=$!
+PIDS+=("$NGINX_PID")
+ENGINE="http://127.0.0.1:$ENGINE_PORT"
+wait_http "$ENGINE/health" "$NGINX_PID" nginx
+
+start_target() { # NAME -> sets URL, TPID
+  local name=$1 port prom logf="$OUT/logs/$1.log"
+  port=$(free_port); prom=$(free_port)
+  URL="http://127.0.0.1:$port"
+  case $name in
+    direct) URL=$ENGINE; TPID=$NGINX_PID; return 0 ;;
+    vllm-rr)
+      "$PEERS_VENV/bin/vllm-router" --host 127.0.0.1 --port "$port" --prometheus-host 127.0.0.1 \
+        --prometheus-port "$prom" --worker-urls "$ENGINE" --policy round_robin --log-level warning \
+        >"$logf" 2>&1 & ;;
+    smg-rr|smg-cache)
+      local policy=round_robin
+      [[ $name == smg-cache ]] && policy=cache_aware
+      "$PEERS_VENV/bin/smg" launch --host 127.0.0.1 --port "$port" --prometheus-host 127.0.0.1 \
+        --prometheus-port "$prom" --worker-urls "$ENGINE" --policy "$policy" --log-level warn \
+        >"$logf" 2>&1 & ;;
+    kvgate)
+      env KVGATE_LOG=warn "$KVGATE" serve --listen "127.0.0.1:$port" --admin-listen "127.0.0.1:$prom" \
+        --endpoint "$ENGINE,model=$MODEL" >"$logf" 2>&1 & ;;
+    kvgate-tok)
+      # A KV-event endpoint where nothing publishes: precise mode, so every request is
+      # tokenized and looked up; the index stays empty.
+      env KVGATE_LOG=warn "$KVGATE" serve --listen "127.0.0.1:$port" --admin-listen "127.0.0.1:$prom" \
+        --endpoint "$ENGINE,model=$MODEL,kv=tcp://127.0.0.1:$(free_port)" \
+        --tokenizer "$MODEL=$TOKENIZER_DIR" >"$logf" 2>&1 & ;;
+    *) die "unknown target $name" ;;
+  esac
+  TPID=$!
+  PIDS+=("$TPID")
+  # Ready once a real request goes through (the peers take a moment to see the worker).
+  local i
+  for ((i = 0; i < 600; i++)); do
+    if curl -fsS -m 2 -o /dev/null -H 'content-type: application/json' --data-binary "@$WORK/body.json" \
+      "$URL/v1/chat/completions" 2>/dev/null; then
+      return 0
+    fi
+    kill -0 "$TPID" 2>/dev/null || die "$name exited (logs in $logf)"
+    sleep 0.1
+  done
+  die "$name did not forward a request within 60 s (logs in $logf)"
+}
+
+stop_target() {
+  [[ $1 == direct ]] && return 0
+  kill "$TPID" 2>/dev/null || true
+  wait "$TPID" 2>/dev/null || true
+}
+
+RESULTS="$OUT/results.jsonl"
+: >"$RESULTS"
+{
+  echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ); host: $(uname -sr), $(nproc) cores; load before: $(cut -d' ' -f1-3 /proc/loadavg)"
+  echo "kvgate: $KVGATE ($(git rev-parse --short HEAD)$(git diff --quiet || echo ', dirty tree'))"
+  echo "peers: $("$PEERS_VENV/bin/python" -m pip list 2>/dev/null | awk '$1=="vllm-router"||$1=="sglang-router"{printf "%s==%s ", $1, $2}')"
+  echo "engine: nginx $("$NGINX" -v 2>&1 | sed 's|.*/||'), 1 worker, a fixed completion; body $BODY_BYTES bytes"
+  echo "load: wrk -t1 -c16 -d${DURATION}s --latency; hey -z ${DURATION}s -c 10 -q 50 (500 req/s); $ROUNDS rounds, round 2 reversed"
+} >"$OUT/meta.txt"
+cat "$OUT/meta.txt"
+
+for ((round = 1; round <= ROUNDS; round++)); do
+  order=("${TARGETS[@]}")
+  if ((round % 2 == 0)); then
+    order=(); for ((i = ${#TARGETS[@]} - 1; i >= 0; i--)); do order+=("${TARGETS[i]}"); done
+  fi
+  for t in "${order[@]}"; do
+    start_target "$t"
+    wrk -t1 -c16 -d1s -s "$WORK/post.lua" "$URL/v1/chat/completions" >/dev/null 2>&1 # warm-up
+    wrk -t1 -c16 -d"${DURATION}s" --latency -s "$WORK/post.lua" "$URL/v1/chat/completions" \
+      >"$OUT/logs/$t.r$round.wrk.txt" 2>&1
+    hey -z "${DURATION}s" -c 10 -q 50 -m POST -T application/json -D "$WORK/body.json" \
+      "$URL/v1/chat/completions" >"$OUT/logs/$t.r$round.hey.txt" 2>&1
+    stop_target "$t"
+    python3 - "$t" "$round" "$OUT/logs/$t.r$round.wrk.txt" "$OUT/logs/$t.r$round.hey.txt" >>"$RESULTS" <<'EOF'
+import json, re, sys
+name, rnd, wrk_path, hey_path = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+wrk, hey = open(wrk_path).read(), open(hey_path).read()
+def ms(v, unit):
+    return float(v) * {"us": 1e-3, "ms": 1.0, "s": 1e3}[unit]
+def wrk_pct(p):
+    m = re.search(rf"^\s+{p}%\s+([\d.]+)(us|ms|s)\s*$", wrk, re.M)
+    return ms(*m.groups()) if m else None
+def hey_pct(p):
+    m = re.search(rf"^\s+{p}% in ([\d.]+) secs", hey, re.M)
+    return float(m.group(1)) * 1e3 if m else None
+rps = re.search(r"Requests/sec:\s+([\d.]+)", wrk)
+non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", wrk)
+errs = re.search(r"Socket errors: (.*)", wrk)
+hey_rps = re.search(r"Requests/sec:\s+([\d.]+)", hey)
+codes = dict((int(c), int(n)) for c, n in re.findall(r"\[(\d+)\]\s+(\d+) responses", hey))
+print(json.dumps({"target": name, "round": rnd,
+    "wrk_rps": float(rps.group(1)) if rps else None,
+    "wrk_p50_ms": wrk_pct(50), "wrk_p99_ms": wrk_pct(99),
+    "wrk_non2xx": int(non2xx.group(1)) if non2xx else 0, "wrk_socket_errors": errs.group(1) if errs else None,
+    "hey_rps": float(hey_rps.group(1)) if hey_rps else None,
+    "hey_p50_ms": hey_pct(50), "hey_p99_ms": hey_pct(99), "hey_codes": codes}))
+EOF
+    tail -1 "$RESULTS"
+  done
+done
+
+python3 - "$RESULTS" "$OUT/meta.txt" >"$OUT/report.md" <<'EOF'
+import json, statistics, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+targets = list(dict.fromkeys(r["target"] for r in rows))
+def med(t, k):
+    v = [r[k] for r in rows if r["target"] == t and r[k] is not None]
+    return statistics.median(v) if v else None
+def each(t, k, fmt):
+    return ", ".join(fmt.format(r[k]) if r[k] is not None else "?" for r in rows if r["target"] == t)
+print("# Proxy path side by side\n")
+print(open(sys.argv[2]).read())
+print("| target | wrk req/s (each round) | wrk p50 / p99 ms (median) | hey @500/s p50 / p99 ms (median) | non-2xx |")
+print("|---|---|---|---|---|")
+for t in targets:
+    bad = sum(r["wrk_non2xx"] + sum(n for c, n in r["hey_codes"].items() if int(c) != 200) for r in rows if r["target"] == t)
+    print(f"| {t} | {each(t, 'wrk_rps', '{:,.0f}')} | {med(t, 'wrk_p50_ms'):.2f} / {med(t, 'wrk_p99_ms'):.2f} "
+          f"| {med(t, 'hey_p50_ms'):.2f} / {med(t, 'hey_p99_ms'):.2f} | {bad} |")
+def ratio(a, b, k):
+    x, y = med(a, k), med(b, k)
+    return None if x is None or y is None or y == 0 else x / y
+print("\nRatios of medians:")
+for a, b in [("kvgate", "vllm-rr"), ("kvgate", "direct"), ("kvgate-tok", "smg-cache")]:
+    if a in targets and b in targets:
+        print(f"- {a} / {b} req/s: {ratio(a, b, 'wrk_rps'):.2f}x")
+if {"kvgate", "vllm-rr", "direct"} <= set(targets):
+    d = med("direct", "wrk_p50_ms")
+    print(f"- added wrk p50 over direct: kvgate {med('kvgate', 'wrk_p50_ms') - d:.2f} ms, "
+          f"vllm-router {med('vllm-rr', 'wrk_p50_ms') - d:.2f} ms "
+          f"({(med('kvgate', 'wrk_p50_ms') - d) / max(1e-9, med('vllm-rr', 'wrk_p50_ms') - d):.2f}x)")
+EOF
+echo
+cat "$OUT/report.md"
