@@ -155,51 +155,17 @@ mod tests {
 
     #[test]
     fn each_outcome_moves_the_state_as_documented() {
+        use Outcome::{Connect, Ok, Status, Timeout, Unsupported};
+        use Verdict::{Down, StopProbing, Unchanged, Up};
         let cases = [
-            ("ok clears failures", 2, 3, Outcome::Ok, (0, Verdict::Up)),
-            (
-                "failure under the threshold",
-                1,
-                3,
-                Outcome::Timeout,
-                (2, Verdict::Unchanged),
-            ),
-            (
-                "failure reaching the threshold",
-                2,
-                3,
-                Outcome::Timeout,
-                (3, Verdict::Down),
-            ),
-            (
-                "connect failure counts too",
-                2,
-                3,
-                Outcome::Connect,
-                (3, Verdict::Down),
-            ),
-            ("5xx counts too", 2, 3, Outcome::Status, (3, Verdict::Down)),
-            (
-                "past the threshold stays down",
-                7,
-                3,
-                Outcome::Status,
-                (8, Verdict::Down),
-            ),
-            (
-                "threshold 0 acts as 1",
-                0,
-                0,
-                Outcome::Timeout,
-                (1, Verdict::Down),
-            ),
-            (
-                "404/405 stops probing",
-                2,
-                3,
-                Outcome::Unsupported,
-                (0, Verdict::StopProbing),
-            ),
+            ("ok clears failures", 2, 3, Ok, (0, Up)),
+            ("failure under the threshold", 1, 3, Timeout, (2, Unchanged)),
+            ("failure reaching the threshold", 2, 3, Timeout, (3, Down)),
+            ("connect failure counts too", 2, 3, Connect, (3, Down)),
+            ("5xx counts too", 2, 3, Status, (3, Down)),
+            ("past the threshold stays down", 7, 3, Status, (8, Down)),
+            ("threshold 0 acts as 1", 0, 0, Timeout, (1, Down)),
+            ("404/405 stops probing", 2, 3, Unsupported, (0, StopProbing)),
         ];
         for (name, failures, threshold, outcome, want) in cases {
             assert_eq!(step(failures, threshold, outcome), want, "{name}");

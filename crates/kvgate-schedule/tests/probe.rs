@@ -4,72 +4,32 @@
 //! leaves. Only the probe runs here (no scrapes), so nothing else can move health.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::convert::Infallible;
+mod common;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use bytes::Bytes;
-use http_body_util::Full;
-use hyper::service::service_fn;
-use hyper_util::rt::TokioIo;
+use common::{refused_url, response, serve, wait_for};
 use kvgate_kvcache::{IndexConfig, KvIndex, KvMetrics};
 use kvgate_schedule::{
     EndpointConfig, EndpointRegistry, RegistryConfig, RegistryHandles, ScheduleMetrics,
 };
 use prometheus_client::registry::Registry;
-use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 /// Serves `GET /health` with 200, or hangs every request while `hang` is set; other paths 404.
 async fn engine(hang: Arc<AtomicBool>) -> String {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        while let Ok((stream, _)) = listener.accept().await {
-            let hang = Arc::clone(&hang);
-            tokio::spawn(async move {
-                let svc = service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
-                    let hang = hang.load(Ordering::SeqCst);
-                    async move {
-                        if hang {
-                            std::future::pending::<()>().await;
-                        }
-                        let status = if req.uri().path() == "/health" {
-                            200
-                        } else {
-                            404
-                        };
-                        Ok::<_, Infallible>(
-                            hyper::Response::builder()
-                                .status(status)
-                                .body(Full::new(Bytes::new()))
-                                .unwrap(),
-                        )
-                    }
-                });
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(TokioIo::new(stream), svc)
-                    .await;
-            });
+    serve(move |path| {
+        let hang = hang.load(Ordering::SeqCst);
+        async move {
+            if hang {
+                std::future::pending::<()>().await;
+            }
+            response(if path == "/health" { 200 } else { 404 }, "")
         }
-    });
-    format!("http://{addr}")
-}
-
-async fn refused_url() -> String {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    drop(listener);
-    format!("http://{addr}")
-}
-
-async fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !cond() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    })
+    .await
 }
 
 fn probe_count(registry: &Registry, endpoint: &str, outcome: &str) -> u64 {

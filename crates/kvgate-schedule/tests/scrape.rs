@@ -2,14 +2,12 @@
 //! that starts failing, a refused port and a hung server. Routing must keep working.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::convert::Infallible;
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+mod common;
 
-use bytes::Bytes;
-use http_body_util::Full;
-use hyper::service::service_fn;
-use hyper_util::rt::TokioIo;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use common::{refused_url, response, serve, wait_for};
 use kvgate_kvcache::{IndexConfig, KvIndex, KvMetrics};
 use kvgate_schedule::{
     CycleState, EndpointConfig, EndpointRegistry, EndpointState, EngineKind, RegistryConfig,
@@ -41,38 +39,12 @@ vllm:e2e_request_latency_seconds_sum{engine="0",model_name="Qwen/Qwen3-0.6B"} Na
 
 /// Serves `/metrics` with the current (status, body) until the test ends.
 async fn metrics_server(state: Arc<Mutex<(u16, String)>>) -> String {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        loop {
-            let Ok((stream, _)) = listener.accept().await else {
-                return;
-            };
-            let state = Arc::clone(&state);
-            tokio::spawn(async move {
-                let svc = service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
-                    let (status, body) = state.lock().unwrap().clone();
-                    let status = if req.uri().path() == "/metrics" {
-                        status
-                    } else {
-                        404
-                    };
-                    async move {
-                        Ok::<_, Infallible>(
-                            hyper::Response::builder()
-                                .status(status)
-                                .body(Full::new(Bytes::from(body)))
-                                .unwrap(),
-                        )
-                    }
-                });
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(TokioIo::new(stream), svc)
-                    .await;
-            });
-        }
-    });
-    format!("http://{addr}")
+    serve(move |path| {
+        let (status, body) = state.lock().unwrap().clone();
+        let status = if path == "/metrics" { status } else { 404 };
+        async move { response(status, body) }
+    })
+    .await
 }
 
 /// Accepts connections and never answers.
@@ -86,21 +58,6 @@ async fn hung_server() -> String {
         }
     });
     format!("http://{addr}")
-}
-
-async fn refused_url() -> String {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    drop(listener);
-    format!("http://{addr}")
-}
-
-async fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !cond() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
