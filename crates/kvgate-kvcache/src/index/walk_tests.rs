@@ -86,27 +86,19 @@ fn walk_equals_naive_on_random_indexes() {
         // Rounds alternate: prefix-closed holdings per (endpoint, tier) under galloping, and
         // arbitrary holdings (holes, tiers appearing mid-prompt) under the strict walk.
         let closed = round % 2 == 1;
-        let clock = ManualClock::new(10_000);
         let cfg = IndexConfig {
             gallop: closed,
             speculative_ttl: std::time::Duration::from_millis(1_000),
             ..IndexConfig::default()
         };
-        let ix = KvIndex::with_clock(cfg, KvMetrics::unregistered(), Arc::new(clock.clone()));
+        let (clock, ix) = index(cfg);
         let n_eps = 1 + rng.below(40) as usize;
         let n_blocks = 1 + rng.below(64) as usize;
         let eps = register(&ix, n_eps);
         let toks: Vec<u32> = (0..4 * n_blocks as u32)
             .map(|t| t + round * 1_000)
             .collect();
-        let keys = block_keys(
-            &toks,
-            4,
-            KeyScope {
-                model: "m",
-                cache_salt: None,
-            },
-        );
+        let keys = keys_of(&toks);
         // Shape: 0 random prefixes, 1 staircase (endpoint i holds ~i/n of the prompt), 2 all
         // hold everything but a few.
         let shape = rng.below(3);
@@ -229,21 +221,10 @@ fn drops_found_in_sorted_sets() {
 fn long_staircase_equals_naive() {
     // Enough drops that the walk switches to its dense candidate table; non-candidates on
     // both sides of the candidate range; a CPU prefix on every third endpoint.
-    let ix = KvIndex::with_clock(
-        IndexConfig::default(),
-        KvMetrics::unregistered(),
-        Arc::new(ManualClock::new(10_000)),
-    );
+    let (_clock, ix) = index(IndexConfig::default());
     let eps = register(&ix, 300);
     let toks: Vec<u32> = (0..4 * 128).collect();
-    let keys = block_keys(
-        &toks,
-        4,
-        KeyScope {
-            model: "m",
-            cache_salt: None,
-        },
-    );
+    let keys = keys_of(&toks);
     for (i, e) in eps.iter().enumerate() {
         let slot = ix.slot(*e).unwrap();
         let mut st = slot.lock();
@@ -271,22 +252,10 @@ fn shared_prefix_cut_equals_naive() {
     // Most endpoints hold a short shared prefix and a few hold more: the walk cuts the
     // candidates down to the few instead of visiting all of them. Some of the few also hold a
     // CPU copy further on, some a live speculative tail; non-candidates sit among them.
-    let clock = ManualClock::new(10_000);
-    let ix = KvIndex::with_clock(
-        IndexConfig::default(),
-        KvMetrics::unregistered(),
-        Arc::new(clock.clone()),
-    );
+    let (_clock, ix) = index(IndexConfig::default());
     let eps = register(&ix, 300);
     let toks: Vec<u32> = (0..4 * 128).collect();
-    let keys = block_keys(
-        &toks,
-        4,
-        KeyScope {
-            model: "m",
-            cache_salt: None,
-        },
-    );
+    let keys = keys_of(&toks);
     for (i, e) in eps.iter().enumerate() {
         let slot = ix.slot(*e).unwrap();
         let mut st = slot.lock();
@@ -329,22 +298,10 @@ fn every_candidate_holding_block_0_once_equals_naive() {
     // holders, one holding each, at all three tiers; then with two more candidates that hold
     // nothing; then with an extra candidate whose only holdings are speculative and expired
     // (back to the merge).
-    let clock = ManualClock::new(10_000);
-    let ix = KvIndex::with_clock(
-        IndexConfig::default(),
-        KvMetrics::unregistered(),
-        Arc::new(clock.clone()),
-    );
+    let (clock, ix) = index(IndexConfig::default());
     let eps = register(&ix, 203);
     let toks: Vec<u32> = (0..4 * 64).collect();
-    let keys = block_keys(
-        &toks,
-        4,
-        KeyScope {
-            model: "m",
-            cache_salt: None,
-        },
-    );
+    let keys = keys_of(&toks);
     let tiers = [Tier::Gpu, Tier::Cpu, Tier::Disk];
     for (i, e) in eps[..200].iter().enumerate() {
         let slot = ix.slot(*e).unwrap();
@@ -383,23 +340,15 @@ fn base_cut_equals_naive() {
     // (GPU up to the shared prefix's end, CPU after it), and one whose later blocks are only
     // speculative and expired (it dies at the cut).
     for strict in [false, true] {
-        let clock = ManualClock::new(10_000);
         let cfg = IndexConfig {
             gallop: !strict,
             speculative_ttl: std::time::Duration::from_millis(1_000),
             ..IndexConfig::default()
         };
-        let ix = KvIndex::with_clock(cfg, KvMetrics::unregistered(), Arc::new(clock.clone()));
+        let (clock, ix) = index(cfg);
         let eps = register(&ix, 250);
         let toks: Vec<u32> = (0..4 * 128).collect();
-        let keys = block_keys(
-            &toks,
-            4,
-            KeyScope {
-                model: "m",
-                cache_salt: None,
-            },
-        );
+        let keys = keys_of(&toks);
         for (i, e) in eps.iter().enumerate() {
             let slot = ix.slot(*e).unwrap();
             let mut st = slot.lock();
@@ -433,6 +382,25 @@ fn base_cut_equals_naive() {
         let best = got.iter().map(|g| g.1).max();
         assert_eq!(best, Some(128), "strict {strict}");
     }
+}
+
+/// An empty index on a manual clock at 10 s.
+fn index(cfg: IndexConfig) -> (ManualClock, KvIndex) {
+    let clock = ManualClock::new(10_000);
+    let ix = KvIndex::with_clock(cfg, KvMetrics::unregistered(), Arc::new(clock.clone()));
+    (clock, ix)
+}
+
+/// The block keys of `toks` for model `m`, block size 4.
+fn keys_of(toks: &[u32]) -> BlockKeys {
+    block_keys(
+        toks,
+        4,
+        KeyScope {
+            model: "m",
+            cache_salt: None,
+        },
+    )
 }
 
 /// Registers endpoints `e0`…`e{n-1}` of model `m`, block size 4.
