@@ -8,7 +8,7 @@
 //! ([`KvIndex::score`]) returns each candidate's tier-weighted longest cached prefix.
 //!
 //! # Layout
-//! - [`keys`](crate::keys): request-side block keys ([`block_keys`], [`BlockKeys`]).
+//! - `keys`: request-side block keys ([`block_keys`], [`BlockKeys`]).
 //! - `event`: event and batch types ([`KvEvent`], [`KvEventBatch`], [`Tier`]).
 //! - `codec`: msgpack decoding of every vLLM/SGLang shape and byte-exact vLLM encoding
 //!   ([`decode_batch`], [`encode_batch`]).

@@ -1,4 +1,4 @@
-//! [`KvEventBatch`] → msgpack bytes identical to what msgspec produces in vLLM.
+//! [`KvEventBatch`](crate::KvEventBatch) → msgpack bytes identical to what msgspec produces in vLLM.
 //!
 //! msgspec rules reproduced here: ints in the smallest width (unsigned formats for values ≥ 0),
 //! `str8` from 32 bytes, floats as `float64`; array-like structs carry every field; map-form
