@@ -174,9 +174,7 @@ impl Exchange {
         if self.routed {
             return Vec::new();
         }
-        // A body larger than the whole budget could never fit: 413, not a 503 to retry.
-        let budget = usize::try_from(self.proxy.body_budget().limit()).unwrap_or(usize::MAX);
-        let limit = self.proxy.config().max_body_bytes.min(budget);
+        let limit = self.proxy.body_limit();
         let total = self.body.len() + b.body.len();
         if total > limit {
             return self.reject(ProxyError::BodyTooLarge { limit });

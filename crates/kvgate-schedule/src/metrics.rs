@@ -41,11 +41,12 @@ pub(crate) struct PickLabels {
     pub(crate) endpoint: String,
 }
 
-/// `{endpoint, outcome}` labels.
+/// `{endpoint, outcome}` labels of scrapes and readiness probes.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 pub(crate) struct ScrapeLabels {
     pub(crate) endpoint: String,
-    /// `ok`, `timeout`, `connect`, `status`, `body`.
+    /// `ok`, `timeout`, `connect`, `status`, `body` (scrapes); `ok`, `unsupported`,
+    /// `timeout`, `connect`, `status` (probes).
     pub(crate) outcome: &'static str,
 }
 

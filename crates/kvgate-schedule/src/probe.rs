@@ -12,8 +12,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
-use http_body_util::Empty;
 use tokio_util::sync::CancellationToken;
 
 use crate::endpoint::EndpointState;
@@ -90,7 +88,6 @@ impl ProbeTask {
     pub(crate) async fn run(self, cancel: CancellationToken) {
         let mut tick = tokio::time::interval(self.interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let threshold = self.failure_threshold;
         let mut failures = 0_u32;
         loop {
             tokio::select! {
@@ -102,7 +99,7 @@ impl ProbeTask {
                 r = tokio::time::timeout(self.timeout, self.probe()) => r.unwrap_or(Outcome::Timeout),
             };
             self.metrics.probe(self.endpoint.name(), outcome.label());
-            let (next, verdict) = step(failures, threshold, outcome);
+            let (next, verdict) = step(failures, self.failure_threshold, outcome);
             failures = next;
             match verdict {
                 Verdict::Up => {
@@ -126,21 +123,9 @@ impl ProbeTask {
     }
 
     async fn probe(&self) -> Outcome {
-        let Ok(uri) = self.endpoint.uri_for(&self.path) else {
-            return Outcome::Connect;
-        };
-        let Ok(req) = http::Request::get(uri)
-            .header(http::header::HOST, self.endpoint.authority().as_str())
-            .body(Empty::<Bytes>::new())
-        else {
-            return Outcome::Connect;
-        };
-        let Some(pending) = self.client.request(req) else {
-            return Outcome::Connect;
-        };
-        match pending.await {
-            Err(_) => Outcome::Connect,
-            Ok(resp) => match resp.status().as_u16() {
+        match self.client.get(&self.endpoint, &self.path).await {
+            None => Outcome::Connect,
+            Some(resp) => match resp.status().as_u16() {
                 200..=299 => Outcome::Ok,
                 404 | 405 => Outcome::Unsupported,
                 _ => Outcome::Status,

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Empty, Limited};
+use hyper::body::Incoming;
 use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::{Client, ResponseFuture};
@@ -32,11 +33,27 @@ pub(crate) struct ScrapeClient {
 
 impl ScrapeClient {
     /// Sends `req` on the client for its scheme.
-    pub(crate) fn request(&self, req: http::Request<Empty<Bytes>>) -> Option<ResponseFuture> {
+    fn request(&self, req: http::Request<Empty<Bytes>>) -> Option<ResponseFuture> {
         if req.uri().scheme() != Some(&http::uri::Scheme::HTTPS) {
             return Some(self.plain.request(req));
         }
         self.tls.as_ref().map(|tls| tls.request(req))
+    }
+
+    /// `GET {endpoint}{path}` with the endpoint's `Host`: the response head, or `None` when
+    /// no response arrived (a bad URI, no TLS client for `https://`, a connect or protocol
+    /// error). Shared by the metrics scrape and the readiness probe.
+    pub(crate) async fn get(
+        &self,
+        endpoint: &EndpointState,
+        path: &str,
+    ) -> Option<http::Response<Incoming>> {
+        let uri = endpoint.uri_for(path).ok()?;
+        let req = http::Request::get(uri)
+            .header(http::header::HOST, endpoint.authority().as_str())
+            .body(Empty::new())
+            .ok()?;
+        self.request(req)?.await.ok()
     }
 }
 
@@ -133,20 +150,11 @@ impl ScrapeTask {
     }
 
     async fn fetch(&self) -> Result<EngineMetrics, ScrapeFailure> {
-        let uri = self
-            .endpoint
-            .uri_for(&self.path)
-            .map_err(|_| ScrapeFailure::Connect)?;
-        let req = http::Request::get(uri)
-            .header(http::header::HOST, self.endpoint.authority().as_str())
-            .body(Empty::new())
-            .map_err(|_| ScrapeFailure::Connect)?;
         let resp = self
             .client
-            .request(req)
-            .ok_or(ScrapeFailure::Connect)?
+            .get(&self.endpoint, &self.path)
             .await
-            .map_err(|_| ScrapeFailure::Connect)?;
+            .ok_or(ScrapeFailure::Connect)?;
         if !resp.status().is_success() {
             return Err(ScrapeFailure::Status);
         }

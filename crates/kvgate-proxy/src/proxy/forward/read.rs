@@ -24,9 +24,7 @@ impl Proxy {
         headers: &HeaderMap,
         body: Incoming,
     ) -> Result<(Bytes, Reservation), ProxyError> {
-        // A body larger than the whole budget could never fit: 413, not a 503 to retry.
-        let budget = usize::try_from(self.body_budget.limit()).unwrap_or(usize::MAX);
-        let limit = self.config.max_body_bytes.min(budget);
+        let limit = self.body_limit();
         let declared = headers
             .get(header::CONTENT_LENGTH)
             .and_then(|v| v.to_str().ok())
@@ -56,6 +54,14 @@ impl Proxy {
             }
             Err(BodyReadError::Body(e)) => Err(ProxyError::ClientBody(e.to_string())),
         }
+    }
+
+    /// The largest request body accepted: `max_body_bytes`, or the whole in-flight body
+    /// budget when that is smaller (a body larger than the budget could never fit: 413, not a
+    /// 503 to retry). Both front doors check bodies against it.
+    pub fn body_limit(&self) -> usize {
+        let budget = usize::try_from(self.body_budget.limit()).unwrap_or(usize::MAX);
+        self.config.max_body_bytes.min(budget)
     }
 
     /// The error for a body the budget refused, logged with the figures (also for the
