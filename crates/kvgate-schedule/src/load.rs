@@ -28,7 +28,7 @@
 //! [`EndpointState::begin_remote_request`], so every replica sees the fleet's whole in-flight
 //! load (the `kvgate-replica` crate carries it between processes).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Instant;
@@ -71,8 +71,8 @@ pub struct SharedLoad {
     pub keys: Vec<u64>,
 }
 
-/// Weight of the newest response in the realized share.
-const REALIZED_SHARE_WEIGHT: f64 = 0.25;
+/// Responses the realized share is taken over (the most recent ones).
+const REALIZED_WINDOW: usize = 8;
 
 /// Load counters of one endpoint (see the module docs).
 #[derive(Debug)]
@@ -85,6 +85,8 @@ pub(crate) struct EndpointLoad {
     last_pick: AtomicU64,
     /// `f64` bits of the realized share.
     realized_share: AtomicU64,
+    /// The last [`REALIZED_WINDOW`] responses' (predicted, realized) cached tokens.
+    realized_window: Mutex<VecDeque<(u64, u64)>>,
     /// Refcount per in-flight prompt block key.
     active: Mutex<HashMap<u64, u32>>,
     /// Distinct keys in `active`, and the block size they were keyed with.
@@ -108,6 +110,7 @@ impl Default for EndpointLoad {
             decode_tokens: AtomicU64::new(0),
             last_pick: AtomicU64::new(0),
             realized_share: AtomicU64::new(1.0f64.to_bits()),
+            realized_window: Mutex::default(),
             active: Mutex::default(),
             active_blocks: AtomicU64::new(0),
             active_block_size: AtomicU64::new(0),
@@ -133,7 +136,7 @@ pub struct LoadSnapshot {
     pub decode_tokens: u64,
     /// Pick sequence number of the last pick (0 = never picked; higher = more recent).
     pub last_pick: u64,
-    /// Recent realized ÷ predicted cached tokens, in [0, 1] (1 until checked).
+    /// Realized ÷ predicted cached tokens over the last responses, in [0, 1] (1 until checked).
     pub realized_share: f64,
     /// KV tokens the requests in flight pin: distinct prompt blocks × block size + tokens past
     /// them.
@@ -228,16 +231,34 @@ impl EndpointLoad {
         self.uncached_tokens.load(Ordering::Relaxed)
     }
 
-    /// Folds one checked prediction into the realized share (concurrent updates may drop one,
-    /// which only slows the mean).
+    /// Folds one response's predicted and realized cached tokens into the realized share:
+    /// the realized tokens of the last [`REALIZED_WINDOW`] responses that predicted or
+    /// realized a hit over their predicted tokens, at most 1. Sums, not a mean of ratios:
+    /// two requests with one prefix that the engine admitted in the other order than the
+    /// router predicted (the one predicted to hit computed the prefix, its sibling hit it)
+    /// net out, where only an engine that lost what it was predicted to hold lowers it.
     pub(crate) fn observe_realized(&self, predicted: u64, realized: u64) {
-        if predicted == 0 {
+        if predicted == 0 && realized == 0 {
             return;
         }
-        let r = (realized as f64 / predicted as f64).min(1.0);
-        let old = f64::from_bits(self.realized_share.load(Ordering::Relaxed));
-        let new = old + REALIZED_SHARE_WEIGHT * (r - old);
-        self.realized_share.store(new.to_bits(), Ordering::Relaxed);
+        let mut window = self
+            .realized_window
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if window.len() == REALIZED_WINDOW {
+            window.pop_front();
+        }
+        window.push_back((predicted, realized));
+        let (p, r) = window
+            .iter()
+            .fold((0u64, 0u64), |(p, r), (a, b)| (p + a, r + b));
+        let share = if p == 0 {
+            1.0
+        } else {
+            (r as f64 / p as f64).min(1.0)
+        };
+        self.realized_share
+            .store(share.to_bits(), Ordering::Relaxed);
     }
 
     fn pin(&self, keys: &BlockKeys) {
@@ -485,6 +506,7 @@ mod tests {
 
     use kvgate_kvcache::{BlockKey, BlockKeys};
 
+    use super::REALIZED_WINDOW;
     use crate::endpoint::tests::endpoint;
 
     #[test]
@@ -576,9 +598,35 @@ mod tests {
             "nothing predicted: nothing learned"
         );
         e.load.observe_realized(100, 50);
-        assert_eq!(e.load().realized_share, 0.875);
+        assert_eq!(e.load().realized_share, 0.5);
         e.load.observe_realized(100, 400);
-        assert_eq!(e.load().realized_share, 0.90625, "capped at a full hit");
+        assert_eq!(e.load().realized_share, 1.0, "capped at a full hit");
+        e.load.observe_realized(100, 0);
+        assert_eq!(
+            e.load().realized_share,
+            1.0,
+            "a surplus within the window covers a later miss"
+        );
+        let swapped = endpoint("http://s:1", &[]);
+        swapped.load.observe_realized(2944, 0);
+        swapped.load.observe_realized(0, 2944);
+        assert_eq!(
+            swapped.load().realized_share,
+            1.0,
+            "siblings admitted in the other order net out"
+        );
+        let lost = endpoint("http://l:1", &[]);
+        for _ in 0..REALIZED_WINDOW {
+            lost.load.observe_realized(2944, 2944);
+        }
+        for _ in 0..REALIZED_WINDOW / 2 {
+            lost.load.observe_realized(2944, 0);
+        }
+        assert_eq!(
+            lost.load().realized_share,
+            0.5,
+            "half the recent predictions lost: only the window counts"
+        );
     }
 
     #[test]
