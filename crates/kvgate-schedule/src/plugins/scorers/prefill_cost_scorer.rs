@@ -52,6 +52,13 @@
 //!   candidates where the copy would evict cached blocks rank after the saturated holder
 //!   too; when none exists the holder is not held back (on a fleet whose engines are each
 //!   full of one hot prefix, a copy would evict another group's prefix to save a queue wait).
+//!   The fleet's in-flight count here is its peak over the last 10–20 s (`demand_window_ms`),
+//!   not the count at the moment of the pick: the fleet's demand, which a wave's first picks
+//!   understate. With the instantaneous count, a group's second session during a ramp (one
+//!   of three requests in flight on four engines) made its holder saturated and copied a
+//!   prefix that the groups still arriving needed the room for; with an even share of the
+//!   peak, a group that is the whole fleet's demand (agents over one tool list) still spreads
+//!   two sessions to an engine, and a group among several keeps one engine.
 //!
 //! The KV terms matter where prefill time alone misleads. A burst sibling of a request still
 //! prefilling costs `Q + 1` there and about `N` on an idle engine: prefill time calls that
@@ -89,10 +96,12 @@
 //! - `in_flight_multiplier` (default false): multiply the cost by `R_w + 1`.
 //! - `scraped_queue` (default true): add queued work other routers sent, from `/metrics`.
 //! - `fits_first` (default true): rank candidates where the request does not fit last.
-//! - `demand_spread` (default true) and `demand_slack` (default 1): rank a holder whose
-//!   predicted prefix already serves `ceil(fleet in-flight / candidates) + demand_slack` other
-//!   sequences in flight after the candidates where the request fits and that is not so,
-//!   when one of those has free KV room for it.
+//! - `demand_spread` (default true), `demand_slack` (default 0) and `demand_window_ms`
+//!   (default 10000; 0 = the count at the pick): rank a holder whose predicted prefix already
+//!   serves `max(1, ceil(fleet in-flight / candidates)) + demand_slack` other sequences in
+//!   flight after the candidates where the request fits and that is not so, when one of those
+//!   has free KV room for it; the fleet in-flight count is its peak over the last one to two
+//!   windows.
 //! - `prefill_progress` (default false): discount pending prefill by the engine's likely
 //!   progress through it (see `Q_w`).
 //!
@@ -111,6 +120,8 @@
 //!       - { ref: precise-prefix-cache-scorer, weight: 0 }
 //!       - { ref: prefill-cost-scorer, weight: 1 }
 //! ```
+
+use std::time::Duration;
 
 use serde::Deserialize;
 
@@ -144,6 +155,12 @@ pub struct PrefillCostScorerConfig {
     /// Sharers beyond an even share of the fleet's in-flight requests a holder may serve
     /// before `demand_spread` ranks it later.
     pub demand_slack: u32,
+    /// `demand_spread`'s fleet in-flight count is the peak over the last one to two windows
+    /// of this many milliseconds (0: the count at the moment of the pick).
+    pub demand_window_ms: u64,
+    /// Other sequences a holder may always serve before `demand_spread` counts it as
+    /// saturated, however small the fleet's even share is.
+    pub demand_floor: u32,
     /// Count as `Q_w` only the pending prefill the engine has likely not computed yet
     /// ([`LoadSnapshot::prefill_remaining`]) instead of all of it until its first byte.
     pub prefill_progress: bool,
@@ -159,7 +176,9 @@ impl Default for PrefillCostScorerConfig {
             scraped_queue: true,
             fits_first: true,
             demand_spread: true,
-            demand_slack: 1,
+            demand_slack: 0,
+            demand_window_ms: 10_000,
+            demand_floor: 2,
             prefill_progress: false,
         }
     }
@@ -172,6 +191,8 @@ pub struct PrefillCostScorer {
     /// The KV index, for each engine's holdings (`demand_spread`'s free room); without it an
     /// engine holds only what its requests in flight pin.
     index: Option<KvIndex>,
+    /// The candidates' recent peak of requests in flight (`demand_window_ms`).
+    peak: RecentPeak,
 }
 
 /// What the cost of one candidate depends on.
@@ -236,9 +257,11 @@ impl PrefillCostScorer {
                 });
             }
         }
+        let peak = RecentPeak::new(Duration::from_millis(config.demand_window_ms));
         Ok(PrefillCostScorer {
             config,
             index: None,
+            peak,
         })
     }
 
@@ -303,7 +326,13 @@ impl Scorer for PrefillCostScorer {
         let mut tiers: Vec<Tier> = Vec::with_capacity(candidates.len());
         let mut spare: Vec<bool> = Vec::with_capacity(candidates.len());
         let loads: Vec<LoadSnapshot> = candidates.iter().map(|e| e.load()).collect();
-        let share = demand_share(&loads, self.config.demand_slack);
+        let in_flight: u64 = loads.iter().map(|l| l.requests).sum();
+        let share = demand_share(
+            self.peak.observe(now, in_flight),
+            candidates.len(),
+            self.config.demand_floor,
+            self.config.demand_slack,
+        );
         for ((s, e), load) in scores.iter_mut().zip(candidates).zip(loads) {
             let (waiting, running) = e.with_metrics(now, |m| {
                 m.fresh().map_or((None, None), |m| (m.waiting, m.running))
@@ -402,11 +431,11 @@ pub(crate) enum Tier {
 }
 
 /// The number of other sequences sharing a predicted prefix from which a holder counts as
-/// saturated: an even share of the candidates' in-flight requests (rounded up) plus `slack`.
-fn demand_share(loads: &[LoadSnapshot], slack: u32) -> u64 {
-    let requests: u64 = loads.iter().map(|l| l.requests).sum();
-    let n = loads.len().max(1) as u64;
-    requests.div_ceil(n) + u64::from(slack)
+/// saturated: an even share of the candidates' `requests` in flight (rounded up, at least 1)
+/// plus `slack`.
+fn demand_share(requests: u64, candidates: usize, floor: u32, slack: u32) -> u64 {
+    let n = candidates.max(1) as u64;
+    requests.div_ceil(n).max(u64::from(floor)).max(1) + u64::from(slack)
 }
 
 /// `demand_spread`'s move goes to free KV only: with a saturated holder and a fitting
@@ -447,9 +476,13 @@ fn rank_by_tier(costs: &mut [f64], tiers: &[Tier]) {
 pub(crate) const REGISTRATION: Registration = Registration {
     type_name: PrefillCostScorer::TYPE,
     description: "prefers the endpoint where the request costs least in tokens: queued + uncached prefill + its KV + KV beyond capacity; endpoints it does not fit rank last",
-    example: "{ new_kv_weight: 10.0, active_kv_weight: 0.0, kv_overflow_weight: 1.0, in_flight_multiplier: false, scraped_queue: true, fits_first: true, demand_spread: true, demand_slack: 1 }",
+    example: "{ new_kv_weight: 10.0, active_kv_weight: 0.0, kv_overflow_weight: 1.0, in_flight_multiplier: false, scraped_queue: true, fits_first: true, demand_spread: true, demand_slack: 0, demand_window_ms: 10000 }",
     build: |p, h| build(p, |c| PrefillCostScorer::with_index(c, h.kv_index)),
 };
+
+mod peak;
+
+use peak::RecentPeak;
 
 #[cfg(test)]
 mod demand_tests;

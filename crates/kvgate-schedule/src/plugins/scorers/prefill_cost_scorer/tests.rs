@@ -17,6 +17,8 @@ fn scorer(in_flight_multiplier: bool, scraped_queue: bool) -> PrefillCostScorer 
         fits_first: false,
         demand_spread: false,
         demand_slack: 1,
+        demand_window_ms: 0,
+        demand_floor: 0,
         prefill_progress: false,
     })
     .unwrap()
