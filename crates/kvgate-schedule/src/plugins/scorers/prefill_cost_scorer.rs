@@ -52,13 +52,15 @@
 //!   candidates where the copy would evict cached blocks rank after the saturated holder
 //!   too; when none exists the holder is not held back (on a fleet whose engines are each
 //!   full of one hot prefix, a copy would evict another group's prefix to save a queue wait).
-//!   The fleet's in-flight count here is its peak over the last 10–20 s (`demand_window_ms`),
-//!   not the count at the moment of the pick: the fleet's demand, which a wave's first picks
-//!   understate. With the instantaneous count, a group's second session during a ramp (one
-//!   of three requests in flight on four engines) made its holder saturated and copied a
-//!   prefix that the groups still arriving needed the room for; with an even share of the
-//!   peak, a group that is the whole fleet's demand (agents over one tool list) still spreads
-//!   two sessions to an engine, and a group among several keeps one engine.
+//!   The even share is `max(demand_floor, ceil(fleet in-flight / candidates)) + demand_slack`
+//!   other sequences, with the fleet's in-flight count taken as its peak over the last 10–20 s
+//!   (`demand_window_ms`): the fleet's demand, not the lull or ramp of the moment. The floor
+//!   (2) lets a holder always take a second session: while a wave arrives the in-flight count
+//!   understates it, and with an even share of 1 a group's second session copied a 4,000-token
+//!   prefix to an engine that the groups still arriving needed (huge-4x12 fell to 71.6% in one
+//!   repeat). No slack (0): with slack 1 three agents over one tool list shared an engine whose
+//!   KV holds two grown histories, and whether one of them had to move depended on how the
+//!   turns overlapped (agentic 83.0–86.4% from run to run).
 //!
 //! The KV terms matter where prefill time alone misleads. A burst sibling of a request still
 //! prefilling costs `Q + 1` there and about `N` on an idle engine: prefill time calls that
@@ -96,12 +98,12 @@
 //! - `in_flight_multiplier` (default false): multiply the cost by `R_w + 1`.
 //! - `scraped_queue` (default true): add queued work other routers sent, from `/metrics`.
 //! - `fits_first` (default true): rank candidates where the request does not fit last.
-//! - `demand_spread` (default true), `demand_slack` (default 0) and `demand_window_ms`
-//!   (default 10000; 0 = the count at the pick): rank a holder whose predicted prefix already
-//!   serves `max(1, ceil(fleet in-flight / candidates)) + demand_slack` other sequences in
-//!   flight after the candidates where the request fits and that is not so, when one of those
-//!   has free KV room for it; the fleet in-flight count is its peak over the last one to two
-//!   windows.
+//! - `demand_spread` (default true), `demand_slack` (default 0), `demand_floor` (default 2)
+//!   and `demand_window_ms` (default 10000; 0 = the count at the pick): rank a holder whose
+//!   predicted prefix already serves `max(demand_floor, ceil(fleet in-flight / candidates)) +
+//!   demand_slack` other sequences in flight after the candidates where the request fits and
+//!   that is not so, when one of those has free KV room for it; the fleet in-flight count is
+//!   its peak over the last one to two windows.
 //! - `prefill_progress` (default false): discount pending prefill by the engine's likely
 //!   progress through it (see `Q_w`).
 //!
@@ -476,7 +478,7 @@ fn rank_by_tier(costs: &mut [f64], tiers: &[Tier]) {
 pub(crate) const REGISTRATION: Registration = Registration {
     type_name: PrefillCostScorer::TYPE,
     description: "prefers the endpoint where the request costs least in tokens: queued + uncached prefill + its KV + KV beyond capacity; endpoints it does not fit rank last",
-    example: "{ new_kv_weight: 10.0, active_kv_weight: 0.0, kv_overflow_weight: 1.0, in_flight_multiplier: false, scraped_queue: true, fits_first: true, demand_spread: true, demand_slack: 0, demand_window_ms: 10000 }",
+    example: "{ new_kv_weight: 10.0, active_kv_weight: 0.0, kv_overflow_weight: 1.0, in_flight_multiplier: false, scraped_queue: true, fits_first: true, demand_spread: true, demand_slack: 0, demand_floor: 2, demand_window_ms: 10000 }",
     build: |p, h| build(p, |c| PrefillCostScorer::with_index(c, h.kv_index)),
 };
 
