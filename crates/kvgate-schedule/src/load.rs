@@ -233,10 +233,12 @@ impl EndpointLoad {
 
     /// Folds one response's predicted and realized cached tokens into the realized share:
     /// the realized tokens of the last [`REALIZED_WINDOW`] responses that predicted or
-    /// realized a hit over their predicted tokens, at most 1. Sums, not a mean of ratios:
-    /// two requests with one prefix that the engine admitted in the other order than the
-    /// router predicted (the one predicted to hit computed the prefix, its sibling hit it)
-    /// net out, where only an engine that lost what it was predicted to hold lowers it.
+    /// realized a hit over their predicted tokens, at most 1, and 1 until there are that
+    /// many. Sums, not a mean of ratios: two requests with one prefix that the engine
+    /// admitted in the other order than the router predicted (the one predicted to hit
+    /// computed the prefix, its sibling hit it) net out, where only an engine that lost what
+    /// it was predicted to hold lowers it; and a full window, because the sibling's response
+    /// may be recorded after the next pick, and one response is no evidence.
     pub(crate) fn observe_realized(&self, predicted: u64, realized: u64) {
         if predicted == 0 && realized == 0 {
             return;
@@ -252,7 +254,7 @@ impl EndpointLoad {
         let (p, r) = window
             .iter()
             .fold((0u64, 0u64), |(p, r), (a, b)| (p + a, r + b));
-        let share = if p == 0 {
+        let share = if p == 0 || window.len() < REALIZED_WINDOW {
             1.0
         } else {
             (r as f64 / p as f64).min(1.0)
@@ -592,23 +594,28 @@ mod tests {
         let e = endpoint("http://h:1", &[]);
         assert_eq!(e.load().realized_share, 1.0);
         e.load.observe_realized(0, 0);
-        assert_eq!(
-            e.load().realized_share,
-            1.0,
-            "nothing predicted: nothing learned"
-        );
-        e.load.observe_realized(100, 50);
-        assert_eq!(e.load().realized_share, 0.5);
-        e.load.observe_realized(100, 400);
-        assert_eq!(e.load().realized_share, 1.0, "capped at a full hit");
         e.load.observe_realized(100, 0);
         assert_eq!(
             e.load().realized_share,
             1.0,
-            "a surplus within the window covers a later miss"
+            "one response is no evidence: 1 until the window is full"
         );
+        for _ in 1..REALIZED_WINDOW {
+            e.load.observe_realized(100, 50);
+        }
+        assert_eq!(
+            e.load().realized_share,
+            350.0 / 800.0,
+            "a full window: realized over predicted tokens (the (0, 0) response not counted)"
+        );
+        e.load.observe_realized(0, 2000);
+        assert_eq!(e.load().realized_share, 1.0, "capped at a full hit");
         let swapped = endpoint("http://s:1", &[]);
+        for _ in 1..REALIZED_WINDOW {
+            swapped.load.observe_realized(2944, 2944);
+        }
         swapped.load.observe_realized(2944, 0);
+        assert!(swapped.load().realized_share < 1.0);
         swapped.load.observe_realized(0, 2944);
         assert_eq!(
             swapped.load().realized_share,
