@@ -606,7 +606,7 @@ mod tests {
         assert_eq!(
             e.load().realized_share,
             350.0 / 800.0,
-            "a full window: realized over predicted tokens (the (0, 0) response not counted)"
+            "a full window: realized over predicted tokens"
         );
         e.load.observe_realized(0, 2000);
         assert_eq!(e.load().realized_share, 1.0, "capped at a full hit");

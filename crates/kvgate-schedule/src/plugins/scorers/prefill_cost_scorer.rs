@@ -433,8 +433,8 @@ pub(crate) enum Tier {
 }
 
 /// The number of other sequences sharing a predicted prefix from which a holder counts as
-/// saturated: an even share of the candidates' `requests` in flight (rounded up, at least 1)
-/// plus `slack`.
+/// saturated: an even share of the candidates' `requests` in flight (rounded up), at least
+/// `floor` and at least 1, plus `slack`.
 fn demand_share(requests: u64, candidates: usize, floor: u32, slack: u32) -> u64 {
     let n = candidates.max(1) as u64;
     requests.div_ceil(n).max(u64::from(floor)).max(1) + u64::from(slack)

@@ -2,6 +2,7 @@
 //! request's predicted prefix ranks after the candidates where that is not so.
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use kvgate_kvcache::{
     BlockKey, BlockKeys, BlockStored, EndpointId, EndpointKey, EndpointSpec, IndexConfig, KvEvent,
@@ -10,7 +11,7 @@ use kvgate_kvcache::{
 
 use super::tests::facts_with_prompt;
 use super::*;
-use crate::cycle::{PrefixMatch, PrefixSource};
+use crate::cycle::{CycleState, PrefixMatch, PrefixSource};
 use crate::framework::Picker;
 use crate::load::InFlightGuard;
 use crate::plugins::pickers::max_score_picker::{MaxScorePicker, MaxScorePickerConfig};
@@ -184,23 +185,7 @@ fn a_holder_over_its_share_of_a_prefix_ranks_after_a_free_engine() {
         let (built, mut cycle) = setup(&eps, facts_with_prompt(1000));
         let keys = cycle.block_keys(16).unwrap();
         assert_eq!(keys.keys.len(), 62);
-        let mut guards: Vec<InFlightGuard> = Vec::new();
-        let (n, distinct) = match sharers {
-            Sharers::Distinct(n) => (n, true),
-            Sharers::Identical(n) => (n, false),
-        };
-        for i in 0..n {
-            let mut k = keys.keys.clone();
-            if distinct {
-                k.truncate(56);
-                k.extend((0..6).map(|j| BlockKey(u64::MAX - (i * 8 + j) as u64)));
-            }
-            let keys = Arc::new(BlockKeys {
-                keys: k,
-                block_size: 16,
-            });
-            guards.push(built[0].begin_request_with_keys(100, 1000, Some(keys)));
-        }
+        let mut guards = sharer_guards(&built[0], &keys, sharers);
         for _ in 0..cold_busy {
             let mut g = built[1].begin_request(0, 10);
             g.prefill_done();
@@ -219,6 +204,83 @@ fn a_holder_over_its_share_of_a_prefix_ranks_after_a_free_engine() {
 }
 
 /// An index where endpoint 2 (`cold`) holds `blocks` blocks of a prefix nobody asks for.
+/// Begins `sharers` requests on `hot`: prompts sharing the first 56 of `keys`' blocks with
+/// tails of their own, or copies of `keys`.
+fn sharer_guards(
+    hot: &Arc<EndpointState>,
+    keys: &BlockKeys,
+    sharers: Sharers,
+) -> Vec<InFlightGuard> {
+    let (n, distinct) = match sharers {
+        Sharers::Distinct(n) => (n, true),
+        Sharers::Identical(n) => (n, false),
+    };
+    (0..n)
+        .map(|i| {
+            let mut k = keys.keys.clone();
+            if distinct {
+                k.truncate(56);
+                k.extend((0..6).map(|j| BlockKey(u64::MAX - (i * 8 + j) as u64)));
+            }
+            let keys = Arc::new(BlockKeys {
+                keys: k,
+                block_size: 16,
+            });
+            hot.begin_request_with_keys(100, 1000, Some(keys))
+        })
+        .collect()
+}
+
+/// The even share follows the fleet's recent peak of requests in flight, not the count at the
+/// pick: `hot` serves two other sessions of the prefix while `cold` runs six unrelated
+/// requests (8 in flight on 2 engines: a share of 4, `hot` keeps the request); the six end,
+/// and at the next pick only the two remain (a share of 1: saturated, unless the peak counts).
+#[test]
+fn the_share_follows_the_recent_peak_of_requests_in_flight() {
+    let rows: [(&str, u64, &str); 2] = [
+        ("a 10 s window remembers the 8", 10_000, "hot:1"),
+        ("no window: only the 2 at the pick", 0, "cold:1"),
+    ];
+    let picker = MaxScorePicker::new(MaxScorePickerConfig::default()).unwrap();
+    for (name, demand_window_ms, want_after) in rows {
+        let index = index_holding(0);
+        let s = PrefillCostScorer::with_index(
+            PrefillCostScorerConfig {
+                demand_slack: 0,
+                demand_floor: 0,
+                demand_window_ms,
+                ..PrefillCostScorerConfig::default()
+            },
+            &index,
+        )
+        .unwrap();
+        let eps = [
+            ep("hot:1").kv_id(1, true).capacity(1000, 16),
+            ep("cold:1").kv_id(2, true).capacity(1000, 16),
+        ];
+        let (built, mut first) = setup(&eps, facts_with_prompt(1000));
+        let keys = first.block_keys(16).unwrap();
+        let _sharers = sharer_guards(&built[0], &keys, Sharers::Distinct(2));
+        let busy: Vec<InFlightGuard> = (0..6).map(|_| built[1].begin_request(0, 10)).collect();
+        let refs: Vec<&EndpointState> = built.iter().map(|e| &**e).collect();
+        let pick = |mut cycle: CycleState| {
+            // The prefix scorer computes the block keys before this scorer reads them.
+            cycle.block_keys(16).unwrap();
+            cycle.record_prefix_match(PrefixMatch {
+                source: PrefixSource::Precise,
+                predicted: vec![(EndpointId(1), 896), (EndpointId(2), 0)],
+            });
+            let mut out = vec![0.0; 2];
+            s.score(&mut cycle, &refs, &mut out);
+            picker.pick(&mut cycle, &out).map(|i| refs[i].name())
+        };
+        assert_eq!(pick(first), Some("hot:1"), "{name}: at the peak");
+        drop(busy);
+        let later = CycleState::new(facts_with_prompt(1000), Instant::now());
+        assert_eq!(pick(later), Some(want_after), "{name}: after the peak");
+    }
+}
+
 fn index_holding(blocks: u64) -> KvIndex {
     let index = KvIndex::new(IndexConfig::default(), KvMetrics::unregistered());
     for a in ["unused:1", "hot:1", "cold:1"] {
