@@ -18,6 +18,14 @@
 //! encoded of the same leading bytes (a conversation's earlier turns, a shared document) is
 //! served from the cache, and what this session encodes serves the next one. A session
 //! resumes where it stopped: growing a prefix from 2k to 4k tokens encodes only the second 2k.
+//!
+//! A text with special-token segments (a chat prompt) is not walked chunk by chunk: its
+//! repeated parts (a system prompt, earlier turns) come whole from the segment cache. Its
+//! first pass is a *probe* instead: the text up to the first clean boundary
+//! [`PROBE_BYTES`] in (a few blocks of tokens, encoded without filling the cache with the
+//! cut piece). When no endpoint holds those blocks the request is routed at once on that
+//! prefix and an estimate of its length; otherwise the second pass encodes the whole text
+//! exactly as full tokenization does.
 
 use std::sync::Arc;
 
@@ -32,6 +40,18 @@ pub const SAFETY_MARGIN_TOKENS: usize = 8;
 /// Bytes per token assumed for an estimate before any of the text is encoded (English
 /// averages ~4.3 for modern BPE vocabularies).
 const DEFAULT_BYTES_PER_TOKEN: f64 = 4.0;
+
+/// Least length of a segmented text's probe, in bytes (about 60 tokens of English: three
+/// blocks of 16 past the safety margin).
+pub const PROBE_BYTES: usize = 256;
+
+/// A probe whose first clean boundary lies further in than this many bytes past
+/// [`PROBE_BYTES`] is not made: the text is encoded whole.
+const PROBE_SEARCH_BYTES: usize = 2048;
+
+/// Largest first-pass budget that probes a segmented text (a caller asking for more wants
+/// that many tokens, not a probe).
+const PROBE_MAX_BUDGET: usize = 2048;
 
 /// Texts whose clean boundaries the load-time probe checks.
 const PROBE_TEXTS: [&str; 3] = [
@@ -149,6 +169,8 @@ pub struct PrefixSession {
     complete: bool,
     /// The text has segments the segment cache serves (see `splittable`).
     segmented: bool,
+    /// `text[..pos]` is a segmented text's probe: the next pass encodes the whole text.
+    probed: bool,
 }
 
 impl PrefixSession {
@@ -184,6 +206,7 @@ impl PrefixSession {
             pos: 0,
             ids,
             complete,
+            probed: false,
         })
     }
 
@@ -196,10 +219,27 @@ impl PrefixSession {
         s.splittable && (!self.add_special || s.specials.is_some()) && !self.segmented
     }
 
+    /// Where a segmented text's probe ends: the first clean boundary at least
+    /// [`PROBE_BYTES`] in, when the tokenizer allows clean cuts, the text is segmented, and
+    /// such a boundary comes soon enough. `None`: no probe (encode as before).
+    fn probe_cut(&self) -> Option<usize> {
+        let s = &self.tokenizer.prefix;
+        if !self.segmented || self.pos != 0 || self.add_special && s.specials.is_none() {
+            return None;
+        }
+        let spaced = s.clean_cuts()?;
+        let bytes = self.text.as_bytes();
+        let end = bytes.len().min(PROBE_BYTES + PROBE_SEARCH_BYTES);
+        (PROBE_BYTES..end).find(|&b| is_boundary(bytes, b, spaced))
+    }
+
     /// Encodes more of the prompt, a canonical chunk at a time ([`crate::prefix_cache`]),
     /// until at least `budget` ids in all (at most one chunk more) or the end. The chunks
     /// are the ones full encoding of this text, or of any text that starts with the same
     /// bytes, caches: a prefix that an earlier request encoded costs cache lookups.
+    ///
+    /// A segmented text (see the module docs) goes in at most two passes: a first pass with
+    /// `budget` ≤ 2,048 encodes only its probe, and the next one the whole text.
     ///
     /// # Errors
     /// [`FallbackReason::EncodeError`], or `InvalidRequest` for a completions prompt that
@@ -209,6 +249,33 @@ impl PrefixSession {
             return Ok(());
         }
         let t = Arc::clone(&self.tokenizer);
+        if budget <= PROBE_MAX_BUDGET
+            && let Some(b) = self.probe_cut()
+        {
+            if self.add_special
+                && let Some((lead, _)) = &t.prefix.specials
+            {
+                self.ids.extend_from_slice(lead);
+                self.lead = lead.len();
+            }
+            // The cut piece is not cached: no other request repeats exactly this text.
+            let probe = t
+                .segments
+                .encode_chunk(&t.tokenizer, &self.text[..b], false)
+                .map_err(|e| BackendError::new(FallbackReason::EncodeError, e.to_string()))?;
+            self.ids.extend_from_slice(&probe);
+            self.pos = b;
+            self.probed = true;
+            return Ok(());
+        }
+        if self.probed {
+            // The probe's ids are the first ones of this: the full path, segment cache and all.
+            self.ids = t.encode(&self.text, self.add_special)?;
+            empty_prompt(self.api, &self.ids)?;
+            self.pos = self.text.len();
+            self.complete = true;
+            return Ok(());
+        }
         let bytes = self.text.as_bytes();
         let len = bytes.len();
         let mut cut = if self.splittable() {

@@ -322,3 +322,52 @@ async fn service_prefix_round_trip() {
     assert_eq!(svc.metrics().prefix_value("m", "complete"), 1);
     assert_eq!(svc.metrics().prefix_skipped_value("m"), 100);
 }
+
+/// A chat prompt's first pass is a probe of a few blocks (not the budget), and the next pass
+/// encodes the whole prompt: two passes, the ids of full tokenization. A first pass asking for
+/// more than a probe's budget, or a prompt without a clean boundary near its start, is
+/// encoded whole at once.
+#[test]
+fn chat_prompt_is_probed_then_encoded_whole() {
+    let t = qwen();
+    let mut rng = Rng(3);
+    let long = plain(text(&mut rng, 3000));
+    let body = |content: &str| {
+        json!({"model": "m", "messages": [{"role": "user", "content": content}]}).to_string()
+    };
+    let probed = body(&long);
+    let full = full_ids(&t, Api::ChatCompletions, probed.as_bytes());
+    let mut s =
+        PrefixSession::new(Arc::clone(&t), Api::ChatCompletions, probed.as_bytes()).unwrap();
+    s.advance(512).unwrap();
+    assert!(!s.is_complete());
+    let n = s.encoded_tokens();
+    assert!((24..200).contains(&n), "probe of {n} ids");
+    assert!(full.starts_with(s.exact_ids()));
+    let est = s.estimated_total() as f64;
+    assert!(
+        (est - full.len() as f64).abs() / (full.len() as f64) < 0.3,
+        "estimate {est} of {}",
+        full.len()
+    );
+    s.advance(1024).unwrap();
+    assert!(s.is_complete(), "the second pass encodes the whole prompt");
+    assert_eq!(s.exact_ids(), full.as_slice());
+
+    // Rows flip one condition each: the budget, a clean boundary near the start.
+    let no_boundary = body(&"\u{4e16}\u{754c}".repeat(3000));
+    for (case, body, budget) in [
+        ("large first budget", probed.as_str(), 4096),
+        ("no clean boundary", no_boundary.as_str(), 512),
+    ] {
+        let mut s =
+            PrefixSession::new(Arc::clone(&t), Api::ChatCompletions, body.as_bytes()).unwrap();
+        s.advance(budget).unwrap();
+        assert!(s.is_complete(), "{case}: encoded whole at once");
+        assert_eq!(
+            s.exact_ids(),
+            full_ids(&t, Api::ChatCompletions, body.as_bytes()),
+            "{case}"
+        );
+    }
+}
