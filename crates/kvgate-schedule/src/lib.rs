@@ -103,7 +103,7 @@ pub use self::{
         Filter, HandlerResult, Picker, ProfileHandler, ProfileRunSummary, ScoreOutcome, Scorer,
         SkipReason,
     },
-    load::{InFlightGuard, LoadSink, LoadSnapshot, SharedLoad},
+    load::{InFlightGuard, LoadSink, LoadSnapshot, PinExtension, SharedLoad},
     metrics::ScheduleMetrics,
     plugins::catalog,
     plugins::profile_handlers::pd_profile_handler::PREFILLER_HEADER,

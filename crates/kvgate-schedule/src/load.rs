@@ -37,7 +37,10 @@ use kvgate_kvcache::BlockKeys;
 
 use crate::endpoint::EndpointState;
 
+mod extension;
 mod progress;
+
+pub use extension::PinExtension;
 use progress::PrefillClock;
 
 /// Process-wide pick sequence (1, 2, …); 0 means never picked.
@@ -410,6 +413,7 @@ impl EndpointState {
             keys,
             extra,
             shared: None,
+            extension: None,
         }
     }
 
@@ -454,9 +458,25 @@ pub struct InFlightGuard {
     extra: u64,
     /// The sink that heard of this request, and its id there.
     shared: Option<(Arc<dyn LoadSink>, u64)>,
+    /// Keys pinned after the pick ([`InFlightGuard::extension`]).
+    extension: Option<Arc<PinExtension>>,
 }
 
 impl InFlightGuard {
+    /// A handle that pins more of this request's prompt later (when its tokenization is
+    /// completed after the pick); released with this guard. Weak: it keeps nothing alive.
+    pub fn extension(&mut self) -> std::sync::Weak<PinExtension> {
+        let pinned = self.keys.as_ref().map_or(0, |k| k.keys.len());
+        let ext = self.extension.get_or_insert_with(|| {
+            Arc::new(PinExtension::new(
+                Arc::clone(&self.endpoint),
+                pinned,
+                self.extra,
+            ))
+        });
+        Arc::downgrade(ext)
+    }
+
     /// The endpoint this guard counts against.
     pub fn endpoint(&self) -> &Arc<EndpointState> {
         &self.endpoint
@@ -481,6 +501,9 @@ impl InFlightGuard {
 
 impl Drop for InFlightGuard {
     fn drop(&mut self) {
+        if let Some(ext) = self.extension.take() {
+            ext.release();
+        }
         let l = &self.endpoint.load;
         l.requests.fetch_sub(1, Ordering::Relaxed);
         l.uncached_tokens
@@ -663,5 +686,50 @@ mod tests {
         );
         drop((b, c));
         assert_eq!(e.load().active_kv_tokens, 0);
+    }
+
+    /// A request routed on its first two blocks pins the rest of its prompt once a sibling
+    /// completes its tokenization: the blocks count as pinned, its unkeyed tokens shrink by
+    /// as much, and all of it is released with the guard, once.
+    #[test]
+    fn extension_pins_the_rest_until_the_guard_drops() {
+        let e = endpoint("http://h:1", &[]);
+        let keys = |ks: &[u64]| BlockKeys {
+            keys: ks.iter().map(|k| BlockKey(*k)).collect(),
+            block_size: 16,
+        };
+        let whole = keys(&[1, 2, 3, 4]);
+        // Estimated at 70 tokens: 2 blocks keyed, 38 past them.
+        let mut g = e.begin_request_with_keys(0, 70, Some(Arc::new(keys(&[1, 2]))));
+        assert_eq!(
+            (e.pinned_blocks(&whole, 4), e.load().active_kv_tokens),
+            (2, 70)
+        );
+        let ext = g.extension();
+        let pinned = ext.upgrade().expect("alive").pin_rest(&whole);
+        assert!(pinned);
+        assert_eq!(e.pinned_blocks(&whole, 4), 4);
+        assert_eq!(
+            e.load().active_kv_tokens,
+            4 * 16 + 6,
+            "38 unkeyed less the 32 now keyed"
+        );
+        assert!(!ext.upgrade().expect("alive").pin_rest(&whole), "once");
+        drop(g);
+        assert_eq!(
+            (e.pinned_blocks(&whole, 4), e.load().active_kv_tokens),
+            (0, 0)
+        );
+        assert!(ext.upgrade().is_none(), "released with the guard");
+
+        // Released before a sibling completes it: nothing is pinned later.
+        let mut g = e.begin_request_with_keys(0, 70, Some(Arc::new(keys(&[1, 2]))));
+        let ext = g.extension().upgrade().expect("alive");
+        drop(g);
+        assert!(!ext.pin_rest(&whole));
+        assert_eq!(
+            (e.pinned_blocks(&whole, 4), e.load().active_kv_tokens),
+            (0, 0)
+        );
     }
 }
