@@ -1,6 +1,7 @@
 //! End to end: a sibling of a long prompt still in flight completes the first request's
 //! parked prefix tokenization and follows it to its engine; a long prompt no sibling follows
-//! is never tokenized past what routing needed.
+//! is never tokenized past what routing needed; identical chat prompts sent at once, each
+//! tokenized no further than its probe until a sibling is placed, all follow the first.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::time::Duration;
@@ -97,5 +98,64 @@ async fn a_sibling_in_flight_completes_the_parked_prefix_and_follows() {
     let other = json!({"model": MODEL, "prompt": system_prompt(8, 5000), "max_tokens": 4});
     complete(proxy.url(), other).await;
     assert_eq!(counter(&proxy, parked).await, 1);
+    sim.shutdown().await;
+}
+
+/// The sum of a labelled counter's lines in the proxy's `/metrics` (0 when absent).
+async fn counter_sum(proxy: &RunningProxy, name: &str) -> u64 {
+    let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
+    let resp = client
+        .get(format!("http://{}/metrics", proxy.admin).parse().unwrap())
+        .await
+        .unwrap();
+    let text = resp.into_body().collect().await.unwrap().to_bytes();
+    String::from_utf8_lossy(&text)
+        .lines()
+        .filter(|l| l.starts_with(name))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum::<f64>() as u64
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chat_siblings_sent_at_once_follow_the_first() {
+    let sim = fleet(&[
+        "--instances",
+        "4",
+        "--num-gpu-blocks",
+        "2000",
+        "--prefill-tokens-per-s",
+        "4000",
+    ])
+    .await;
+    let yaml = endpoints_yaml(&sim, &|_| String::new()) + &models_yaml();
+    let proxy = start_proxy(&yaml).await;
+
+    // A long chat prompt nobody holds: its first pass is a probe of a few blocks.
+    let body = json!({
+        "model": MODEL,
+        "messages": [{"role": "user", "content": system_prompt(11, 3000)}],
+        "max_tokens": 4,
+    });
+    let answers = futures_util::future::join_all((0..4).map(|_| chat(&proxy, &body))).await;
+    let first = &answers[0].endpoint;
+    assert!(
+        answers.iter().all(|a| &a.endpoint == first),
+        "siblings split: {:?}",
+        answers.iter().map(|a| &a.endpoint).collect::<Vec<_>>()
+    );
+    // One of them was routed on its probe; a sibling completed its tokenization.
+    assert!(counter_sum(&proxy, "kvgate_tokenize_prefix_skipped_tokens_total").await > 2000);
+    assert_eq!(
+        counter(&proxy, "kvgate_tokenize_parked_completions_total").await,
+        1
+    );
+    // Three of the four predicted the whole prompt's full blocks.
+    let predicted_whole = answers.iter().filter(|a| a.predicted > 2900).count();
+    assert_eq!(
+        predicted_whole,
+        3,
+        "predicted: {:?}",
+        answers.iter().map(|a| a.predicted).collect::<Vec<_>>()
+    );
     sim.shutdown().await;
 }

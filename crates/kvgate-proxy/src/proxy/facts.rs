@@ -10,16 +10,27 @@
 //! precise scorer sees them), and doubles the prefix while that match covers every full block
 //! of it. The facts then carry the exact prefix ids and, as `prompt_tokens`, the estimated
 //! length of the whole prompt. A prompt that fits in the first pass is tokenized in full,
-//! exactly as without this. Counted in `kvgate_tokenize_prefix_total{model,outcome}` and
+//! exactly as without this. A chat prompt's first pass is a probe of its first few blocks
+//! instead, and its second the whole prompt (see `kvgate_tokenize`'s `prefix` module): a
+//! chat that starts with blocks no endpoint holds is routed without encoding the rest.
+//! Counted in `kvgate_tokenize_prefix_total{model,outcome}` and
 //! `kvgate_tokenize_prefix_skipped_tokens_total{model}`.
+//!
+//! A request that stopped early marks the block where it stopped until its pick, so that a
+//! sibling stopping there at the same moment waits for that pick and follows it; a sibling
+//! that later completes the first one's parked session also pins the rest of that prompt at
+//! its endpoint while the first is in flight ([`super::parked`]).
+
+use std::sync::Weak;
 
 use http::HeaderMap;
 use kvgate_kvcache::{BlockKeys, KeyScope, KvIndex, MmSpan, PrefixScores, block_keys};
 use kvgate_request::SealedRequest;
-use kvgate_schedule::{EndpointState, RequestFacts};
+use kvgate_schedule::{EndpointState, PinExtension, RequestFacts};
 use kvgate_tokenize::{BackendKind, MmItem, PrefixSession, TokenizeError};
 
 use super::Proxy;
+use super::parked::{PLACING_WAIT, Placing, PlacingGuard};
 use crate::{error::ProxyError, metrics::FallbackLabels};
 
 /// First prefix budget of prefix tokenization, in tokens (32 blocks of 16; the session
@@ -71,6 +82,25 @@ pub(crate) fn match_may_continue(
             best.is_some_and(|b| b as usize >= keys.len())
         })
     })
+}
+
+/// Where `ids`' match stops: the key of the first block no endpoint holds, at the smallest
+/// block size among `endpoints` (`None` when every full block is held or there is none).
+/// Siblings that stop at the same block share everything before it.
+fn stop_block_key(
+    index: &KvIndex,
+    endpoints: &[&EndpointState],
+    scope: KeyScope<'_>,
+    ids: &[u32],
+) -> Option<u64> {
+    let (_, keys, scores) = matches_by_block_size(index, endpoints, scope, ids).next()?;
+    let best = scores?
+        .endpoints
+        .iter()
+        .map(|s| s.matched_blocks as usize)
+        .max()
+        .unwrap_or(0);
+    keys.keys.get(best).map(|k| k.0)
 }
 
 /// Grows `session` from [`PREFIX_TOKENS_START`] (or what it already encoded) while
@@ -138,6 +168,11 @@ pub(crate) struct PendingPrefix {
     /// The key scope's model (the LoRA adapter for adapters).
     model: String,
     cache_salt: Option<String>,
+    /// The block where the request's match stopped, marked as being placed until the pick.
+    placing: Option<PlacingGuard>,
+    /// Pins the rest of the prompt at the picked endpoint once a sibling completes the
+    /// session, for as long as the request is in flight (set when parked).
+    pins: Option<Weak<PinExtension>>,
 }
 
 impl PendingPrefix {
@@ -153,6 +188,9 @@ impl PendingPrefix {
         }
     }
 }
+
+/// How many siblings' placements one request may wait for before it is placed on its own.
+const MAX_FOLLOWS: usize = 3;
 
 /// How many parked sessions one request's routing may complete (each one extends the match;
 /// a chain of them is a burst of prompts that keep sharing what was parked).
@@ -183,7 +221,15 @@ impl Proxy {
     /// After the pick: when the request's tokenization stopped early and the picked endpoint
     /// now holds its whole prefix (the precise scorer's speculative insert), park the session
     /// so that a sibling whose match ends there completes it ([`super::parked`]).
-    pub(super) fn park_prefix(&self, pending: PendingPrefix, picked: &EndpointState) {
+    pub(super) fn park_prefix(
+        &self,
+        mut pending: PendingPrefix,
+        picked: &EndpointState,
+        pins: Option<Weak<PinExtension>>,
+    ) {
+        // The pick is made: siblings following this placement match again once the guard
+        // is dropped, at the end of this function (after the parking below).
+        let _placed = pending.placing.take();
         let index = &self.handles.kv_index;
         let exact = pending.session.exact_ids();
         if !speculate_rest(index, picked, pending.scope(), exact) {
@@ -191,6 +237,7 @@ impl Proxy {
         }
         let keys = block_keys(exact, picked.index_block_size(), pending.scope());
         if let Some(last) = keys.keys.last() {
+            pending.pins = pins;
             self.parked.park(picked.kv_id(), last.0, pending);
         }
     }
@@ -206,9 +253,8 @@ impl Proxy {
     ) -> Result<Option<PrefixSession>, TokenizeError> {
         let index = &self.handles.kv_index;
         for _ in 0..MAX_COMPLETIONS_PER_REQUEST {
-            if session.is_complete() {
-                break;
-            }
+            // A complete session may still end its match at a parked one: a sibling of a
+            // chat prompt routed on its probe.
             let Some(at) = self
                 .parked
                 .at_boundary(index, endpoints, scope, session.exact_ids())
@@ -222,6 +268,8 @@ impl Proxy {
                         session: other,
                         model,
                         cache_salt,
+                        placing: _,
+                        pins,
                     } = parked;
                     if let Some(done) = self.tokenizer.extend_prefix(other, usize::MAX).await?
                         && done.is_complete()
@@ -232,6 +280,10 @@ impl Proxy {
                         };
                         let keys = block_keys(done.exact_ids(), at.block_size, scope);
                         index.insert_speculative(at.endpoint, &keys);
+                        // The first request is still in flight: its whole prompt is active KV.
+                        if let Some(ext) = pins.and_then(|w| w.upgrade()) {
+                            ext.pin_rest(&keys);
+                        }
                         self.metrics.parked_prefix_completions.inc();
                     }
                 }
@@ -289,7 +341,7 @@ impl Proxy {
         }
         if self.config.tokenize_prefix {
             match self.prefix_tokens(sealed, &facts).await {
-                Ok(Some(session)) => {
+                Ok(Some((session, placing))) => {
                     let (facts, skipped) = prefix_facts(facts, &session);
                     self.tokenizer
                         .metrics()
@@ -298,6 +350,8 @@ impl Proxy {
                         session,
                         model: facts.lora_adapter.clone().unwrap_or(facts.model.clone()),
                         cache_salt: facts.cache_salt.clone(),
+                        placing,
+                        pins: None,
                     });
                     // A prefix session is the local tokenizer's.
                     return Ok((facts, pending, Some(BackendKind::Local)));
@@ -334,12 +388,14 @@ impl Proxy {
     }
 
     /// The prefix session routing needs, when prefix tokenization applies: every endpoint has
-    /// KV events and the chain starts with a local tokenizer. `None`: tokenize in full.
+    /// KV events and the chain starts with a local tokenizer. `None`: tokenize in full. A
+    /// session that stopped early comes with the block where it stopped marked as being placed
+    /// ([`super::parked`]), unless it gave up waiting for a sibling's placement.
     async fn prefix_tokens(
         &self,
         sealed: &SealedRequest,
         facts: &RequestFacts,
-    ) -> Result<Option<PrefixSession>, TokenizeError> {
+    ) -> Result<Option<(PrefixSession, Option<PlacingGuard>)>, TokenizeError> {
         let all = self.registry.endpoints();
         if all.is_empty() || !all.iter().all(|e| e.has_kv_events()) {
             return Ok(None);
@@ -357,16 +413,45 @@ impl Proxy {
             cache_salt: facts.cache_salt.as_deref(),
         };
         let index = &self.handles.kv_index;
-        let grown = grow_prefix(
-            session,
-            |ids| match_may_continue(index, &endpoints, scope, ids),
-            |s, budget| self.tokenizer.extend_prefix(s, budget),
-        )
-        .await?;
-        match grown {
-            Some(s) if !s.is_complete() => self.complete_parked(s, &endpoints, scope).await,
-            other => Ok(other),
+        let grow = |s| {
+            grow_prefix(
+                s,
+                |ids| match_may_continue(index, &endpoints, scope, ids),
+                |s, budget| self.tokenizer.extend_prefix(s, budget),
+            )
+        };
+        let Some(mut session) = grow(session).await? else {
+            return Ok(None);
+        };
+        // Stopped early: lead the placement of the block where the match stops, or follow a
+        // sibling that stopped there too and match again once that one is placed.
+        let mut placing = None;
+        for _ in 0..MAX_FOLLOWS {
+            if session.is_complete() {
+                break;
+            }
+            let Some(key) = stop_block_key(index, &endpoints, scope, session.exact_ids()) else {
+                break;
+            };
+            match self.parked.lead_or_follow(key) {
+                Placing::Lead(guard) => {
+                    placing = Some(guard);
+                    break;
+                }
+                Placing::Follow(rx) => {
+                    Placing::follow(rx, PLACING_WAIT).await;
+                    match grow(session).await? {
+                        Some(s) => session = s,
+                        None => return Ok(None),
+                    }
+                }
+            }
         }
+        let Some(session) = self.complete_parked(session, &endpoints, scope).await? else {
+            return Ok(None);
+        };
+        let placing = placing.filter(|_| !session.is_complete());
+        Ok(Some((session, placing)))
     }
 
     /// The base model of `model` when some endpoint serves it as a LoRA adapter.

@@ -13,14 +13,24 @@
 //! holdings over the whole prompt, and goes on matching. A sibling arriving while another
 //! completes the same session waits for it (one lock per parked session). Parked sessions
 //! expire with the speculative holdings they would extend, and the store is bounded in bytes.
+//!
+//! Between the stop and the pick the first request holds nothing yet, so a sibling whose
+//! tokenization stops in that window (a burst of one chat prompt arrives at once, and a
+//! chat prompt's first pass is a probe of a few blocks) would be placed as if the prompt were
+//! new. A stopped request therefore marks the key of the block where its match stopped (the
+//! first block no endpoint holds) as *being placed* until its pick has made its speculative
+//! holdings ([`PlacingGuard`]); a sibling that stops at the same block waits for that (at most
+//! [`PLACING_WAIT`]) and matches again.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 
 use kvgate_kvcache::{EndpointId, KeyScope, KvIndex};
 use kvgate_schedule::EndpointState;
 use moka::sync::Cache;
-use tokio::sync::Mutex;
+use tokio::sync::{Mutex, watch};
 
 use super::facts::{PendingPrefix, matches_by_block_size};
 
@@ -30,9 +40,65 @@ pub(crate) type Slot = Arc<Mutex<Option<PendingPrefix>>>;
 /// Bound of the store: the rendered prompts it holds, in bytes.
 pub(crate) const PARKED_MAX_BYTES: u64 = 64 << 20;
 
+/// Longest a stopped request waits for a sibling that stopped at the same block to be placed.
+pub(crate) const PLACING_WAIT: Duration = Duration::from_millis(20);
+
+/// Stop block keys of requests stopped early and not picked yet, each with a receiver that
+/// wakes when that request's [`PlacingGuard`] is dropped, and the mark's number (a guard
+/// removes only its own mark).
+type PlacingMap = Arc<StdMutex<HashMap<u64, (u64, watch::Receiver<()>)>>>;
+
 /// Parked prefix sessions by (endpoint, last block key of their speculative holdings).
 pub(crate) struct ParkedPrefixes {
     cache: Cache<(EndpointId, u64), Slot>,
+    placing: PlacingMap,
+    marks: AtomicU64,
+}
+
+/// What [`ParkedPrefixes::lead_or_follow`] decided.
+pub(crate) enum Placing {
+    /// The caller marked the key; the mark lasts as long as the guard.
+    Lead(PlacingGuard),
+    /// Another request that stopped at this block is being placed.
+    Follow(watch::Receiver<()>),
+}
+
+impl Placing {
+    /// Waits until the leader's pick is made, at most `limit`.
+    pub(crate) async fn follow(mut rx: watch::Receiver<()>, limit: Duration) {
+        // `changed` fails once the guard's sender is dropped; nothing is ever sent.
+        let _ = tokio::time::timeout(limit, rx.changed()).await;
+    }
+}
+
+/// Marks a stop block key as being placed until dropped (after the request's pick made its
+/// speculative holdings, or when the request ends without one).
+pub(crate) struct PlacingGuard {
+    map: PlacingMap,
+    key: u64,
+    mark: u64,
+    _tx: watch::Sender<()>,
+}
+
+impl std::fmt::Debug for PlacingGuard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PlacingGuard")
+            .field("key", &self.key)
+            .finish()
+    }
+}
+
+impl Drop for PlacingGuard {
+    fn drop(&mut self) {
+        let mut map = self
+            .map
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if map.get(&self.key).is_some_and(|(m, _)| *m == self.mark) {
+            map.remove(&self.key);
+        }
+        // Dropping `tx` wakes every waiter.
+    }
 }
 
 impl std::fmt::Debug for ParkedPrefixes {
@@ -66,7 +132,34 @@ impl ParkedPrefixes {
                 u32::try_from(bytes).unwrap_or(u32::MAX).max(1)
             })
             .build();
-        ParkedPrefixes { cache }
+        ParkedPrefixes {
+            cache,
+            placing: PlacingMap::default(),
+            marks: AtomicU64::new(0),
+        }
+    }
+
+    /// Marks `stop_key` as being placed by the caller ([`Placing::Lead`]), unless another
+    /// request marked it already: then a receiver that wakes when that one's pick is made
+    /// ([`Placing::Follow`]). One lock makes the check and the mark one step, so of siblings
+    /// that stop at once exactly one leads.
+    pub(crate) fn lead_or_follow(&self, stop_key: u64) -> Placing {
+        let mut map = self
+            .placing
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some((_, rx)) = map.get(&stop_key) {
+            return Placing::Follow(rx.clone());
+        }
+        let (tx, rx) = watch::channel(());
+        let mark = self.marks.fetch_add(1, Ordering::Relaxed);
+        map.insert(stop_key, (mark, rx));
+        Placing::Lead(PlacingGuard {
+            map: Arc::clone(&self.placing),
+            key: stop_key,
+            mark,
+            _tx: tx,
+        })
     }
 
     /// Parks `pending`, whose speculative holdings at `endpoint` end with block `last_key`.
@@ -99,5 +192,45 @@ impl ParkedPrefixes {
                 })
             })
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::{ParkedPrefixes, Placing};
+
+    /// Of two requests stopping at one block the first leads and the second follows; the
+    /// follower wakes when the leader's guard drops, the mark goes with it, and another key is
+    /// independent.
+    #[tokio::test]
+    async fn one_leads_the_others_follow_until_the_pick() {
+        let parked = ParkedPrefixes::new(Duration::from_secs(60), 1 << 20);
+        let Placing::Lead(guard) = parked.lead_or_follow(7) else {
+            panic!("the first request leads");
+        };
+        assert!(
+            matches!(parked.lead_or_follow(8), Placing::Lead(_)),
+            "another block"
+        );
+        let Placing::Follow(rx) = parked.lead_or_follow(7) else {
+            panic!("a sibling at the same block follows");
+        };
+        assert!(
+            matches!(rx.has_changed(), Ok(false)),
+            "waiting while the leader is placed"
+        );
+        drop(guard);
+        assert!(
+            rx.has_changed().is_err(),
+            "the leader's pick wakes its followers"
+        );
+        // Returns at once: the wake, not the limit.
+        Placing::follow(rx, Duration::from_secs(3600)).await;
+        assert!(
+            matches!(parked.lead_or_follow(7), Placing::Lead(_)),
+            "the mark left with its guard"
+        );
     }
 }

@@ -373,7 +373,7 @@ impl Proxy {
                 }
             }
         };
-        let guards = decision.take_guards();
+        let mut guards = decision.take_guards();
         let predicted = decision.predicted_cached_tokens();
         let record = DecisionRecord::new(
             decision.to_view(),
@@ -390,7 +390,11 @@ impl Proxy {
         let endpoint = decision.endpoint().clone();
         let fallbacks = fallbacks(decision.primary(), endpoint.name());
         if let Some(p) = routed.pending.take() {
-            self.park_prefix(p, &endpoint);
+            let pins = guards
+                .iter_mut()
+                .find(|g| g.endpoint().name() == endpoint.name())
+                .map(InFlightGuard::extension);
+            self.park_prefix(p, &endpoint, pins);
         }
         routed.tried.push(endpoint.name().to_owned());
         Ok(Some(Pick {

@@ -30,7 +30,16 @@ fn qwen() -> Arc<LocalTokenizer> {
 
 /// The full tokenization of a completions `body` and its block keys.
 fn full_and_keys(t: &LocalTokenizer, body: &str) -> (Vec<u32>, kvgate_kvcache::BlockKeys) {
-    let full = t.tokenize(Api::Completions, body.as_bytes()).expect("ok")[0]
+    full_and_keys_of(t, Api::Completions, body)
+}
+
+/// The full tokenization of `body` for `api` and its block keys.
+fn full_and_keys_of(
+    t: &LocalTokenizer,
+    api: Api,
+    body: &str,
+) -> (Vec<u32>, kvgate_kvcache::BlockKeys) {
+    let full = t.tokenize(api, body.as_bytes()).expect("ok")[0]
         .token_ids
         .clone();
     let keys = block_keys(&full, BLOCK, SCOPE);
@@ -64,6 +73,26 @@ fn prompt_body(rng: &mut Rng, words: usize) -> String {
         s.push(if rng.below(12) == 0 { '\n' } else { ' ' });
     }
     serde_json::json!({ "prompt": s }).to_string()
+}
+
+/// A chat body: maybe a system prompt, then one to three turns, of random words.
+fn chat_body(rng: &mut Rng, words: usize) -> String {
+    let text = |rng: &mut Rng, n: usize| {
+        let v: serde_json::Value = serde_json::from_str(&prompt_body(rng, n)).expect("json");
+        v["prompt"].clone()
+    };
+    let mut messages = Vec::new();
+    if rng.below(2) == 0 {
+        let n = 20 + rng.below(400);
+        messages.push(serde_json::json!({"role": "system", "content": text(rng, n)}));
+    }
+    let turns = 1 + 2 * rng.below(2);
+    for i in 0..turns {
+        let role = if i % 2 == 0 { "user" } else { "assistant" };
+        let n = 1 + rng.below(words);
+        messages.push(serde_json::json!({"role": role, "content": text(rng, n)}));
+    }
+    serde_json::json!({ "messages": messages }).to_string()
 }
 
 /// One fleet: an index and its endpoints, with each endpoint holding `held[i]` blocks of
@@ -132,7 +161,17 @@ async fn lazy_facts(
     eps: &[Arc<EndpointState>],
     body: &[u8],
 ) -> (RequestFacts, u64, usize, PrefixSession) {
-    let mut session = PrefixSession::new(qwen(), Api::Completions, body).expect("renders");
+    lazy_facts_of(index, eps, Api::Completions, body).await
+}
+
+/// [`lazy_facts`] for `api`.
+async fn lazy_facts_of(
+    index: &KvIndex,
+    eps: &[Arc<EndpointState>],
+    api: Api,
+    body: &[u8],
+) -> (RequestFacts, u64, usize, PrefixSession) {
+    let mut session = PrefixSession::new(qwen(), api, body).expect("renders");
     session.advance(PREFIX_TOKENS_START).expect("encodes");
     let endpoints: Vec<&EndpointState> = eps.iter().map(AsRef::as_ref).collect();
     let mut passes = 1;
@@ -177,62 +216,84 @@ fn best(run: &RunView) -> Vec<String> {
         .collect()
 }
 
+/// One random case: `body` against a random fleet, routed from its lazy facts and from its
+/// full tokens. Returns (stopped early, grew past the first pass).
+async fn route_case(seed: u64, rng: &mut Rng, api: Api, body: &str) -> (bool, bool) {
+    let t = qwen();
+    let (full, keys) = full_and_keys_of(&t, api, body);
+    let n_eps = 1 + rng.below(5);
+    let mut held = Vec::new();
+    let mut real = Vec::new();
+    for _ in 0..n_eps {
+        held.push(match rng.below(5) {
+            0 => 0,
+            1 => keys.len(),
+            2 => held.last().copied().unwrap_or(0),
+            _ => rng.below(keys.len() + 1),
+        });
+        real.push(rng.below(2) == 0);
+    }
+    // Same contents, separate indexes: each pick inserts speculative holdings.
+    let (ix_lazy, eps_lazy) = fleet(&held, &real, &keys);
+    let (ix_full, eps_full) = fleet(&held, &real, &keys);
+    let (mut lazy, skipped, passes, _) =
+        lazy_facts_of(&ix_lazy, &eps_lazy, api, body.as_bytes()).await;
+    let ids = lazy.tokens.as_ref().expect("tokens").ids.clone();
+    assert!(full.starts_with(&ids), "seed {seed}: prefix is not exact");
+    let full_facts = base_facts().with_tokens(full.clone(), true, Vec::new());
+    if skipped > 0 {
+        let est = lazy.prompt_tokens.expect("estimate") as f64;
+        let err = (est - full.len() as f64).abs() / (full.len() as f64);
+        assert!(err < 0.3, "seed {seed}: estimate {est} of {}", full.len());
+    } else {
+        assert_eq!(lazy, full_facts, "seed {seed}: complete must equal full");
+    }
+    // The cost scorer's N: compare with the same one (the estimate only changes N).
+    lazy.prompt_tokens = full_facts.prompt_tokens;
+    let a = schedule(&ix_lazy, &eps_lazy, lazy);
+    let b = schedule(&ix_full, &eps_full, full_facts);
+    let case = format!("seed {seed}: held {held:?} of {} blocks", keys.len());
+    assert_eq!(candidates(&a), candidates(&b), "{case}");
+    assert_eq!(
+        a.predicted_cached_tokens, b.predicted_cached_tokens,
+        "{case}"
+    );
+    let tied = best(&b);
+    assert!(
+        tied.contains(&a.picked) && tied.contains(&b.picked),
+        "{case}"
+    );
+    if tied.len() == 1 {
+        assert_eq!(a.picked, b.picked, "{case}");
+    }
+    (skipped > 0, passes > 1)
+}
+
 #[tokio::test]
 async fn prefix_tokens_route_like_full_tokens() {
-    let t = qwen();
     let (mut stopped, mut grown) = (0, 0);
     for seed in 0..24u64 {
         let mut rng = Rng(seed);
         let words = 50 + rng.below(6000);
         let body = prompt_body(&mut rng, words);
-        let (full, keys) = full_and_keys(&t, &body);
-        let n_eps = 1 + rng.below(5);
-        let mut held = Vec::new();
-        let mut real = Vec::new();
-        for _ in 0..n_eps {
-            held.push(match rng.below(5) {
-                0 => 0,
-                1 => keys.len(),
-                2 => held.last().copied().unwrap_or(0),
-                _ => rng.below(keys.len() + 1),
-            });
-            real.push(rng.below(2) == 0);
-        }
-        // Same contents, separate indexes: each pick inserts speculative holdings.
-        let (ix_lazy, eps_lazy) = fleet(&held, &real, &keys);
-        let (ix_full, eps_full) = fleet(&held, &real, &keys);
-        let (mut lazy, skipped, passes, _) = lazy_facts(&ix_lazy, &eps_lazy, body.as_bytes()).await;
-        let ids = lazy.tokens.as_ref().expect("tokens").ids.clone();
-        assert!(full.starts_with(&ids), "seed {seed}: prefix is not exact");
-        let full_facts = base_facts().with_tokens(full.clone(), true, Vec::new());
-        if skipped > 0 {
-            stopped += 1;
-            let est = lazy.prompt_tokens.expect("estimate") as f64;
-            assert!((est - full.len() as f64).abs() / (full.len() as f64) < 0.2);
-        } else {
-            assert_eq!(lazy, full_facts, "seed {seed}: complete must equal full");
-        }
-        if passes > 1 {
-            grown += 1;
-        }
-        // The cost scorer's N: compare with the same one (the estimate only changes N).
-        lazy.prompt_tokens = full_facts.prompt_tokens;
-        let a = schedule(&ix_lazy, &eps_lazy, lazy);
-        let b = schedule(&ix_full, &eps_full, full_facts);
-        let case = format!("seed {seed}: held {held:?} of {} blocks", keys.len());
-        assert_eq!(candidates(&a), candidates(&b), "{case}");
-        assert_eq!(
-            a.predicted_cached_tokens, b.predicted_cached_tokens,
-            "{case}"
-        );
-        let tied = best(&b);
-        assert!(
-            tied.contains(&a.picked) && tied.contains(&b.picked),
-            "{case}"
-        );
-        if tied.len() == 1 {
-            assert_eq!(a.picked, b.picked, "{case}");
-        }
+        let (s, g) = route_case(seed, &mut rng, Api::Completions, &body).await;
+        stopped += usize::from(s);
+        grown += usize::from(g);
+    }
+    assert!(stopped > 0 && grown > 0, "stopped {stopped}, grown {grown}");
+}
+
+/// The same for chat prompts, whose first pass is a probe of a few blocks.
+#[tokio::test]
+async fn chat_prefix_tokens_route_like_full_tokens() {
+    let (mut stopped, mut grown) = (0, 0);
+    for seed in 100..140u64 {
+        let mut rng = Rng(seed);
+        let words = 10 + rng.below(3000);
+        let body = chat_body(&mut rng, words);
+        let (s, g) = route_case(seed, &mut rng, Api::ChatCompletions, &body).await;
+        stopped += usize::from(s);
+        grown += usize::from(g);
     }
     assert!(stopped > 0 && grown > 0, "stopped {stopped}, grown {grown}");
 }
