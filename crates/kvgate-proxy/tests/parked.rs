@@ -1,7 +1,8 @@
 //! End to end: a sibling of a long prompt still in flight completes the first request's
 //! parked prefix tokenization and follows it to its engine; a long prompt no sibling follows
 //! is never tokenized past what routing needed; identical chat prompts sent at once, each
-//! tokenized no further than its probe until a sibling is placed, all follow the first.
+//! tokenized no further than its probe until a sibling is placed, all follow the first; a
+//! router with replica peers encodes a chat whole instead.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::time::Duration;
@@ -157,5 +158,36 @@ async fn chat_siblings_sent_at_once_follow_the_first() {
         "predicted: {:?}",
         answers.iter().map(|a| a.predicted).collect::<Vec<_>>()
     );
+    sim.shutdown().await;
+}
+
+/// A cold chat prompt is routed on its probe, unless the router has replica peers (they learn
+/// what a request will cache only from the block keys its dispatch announces): then it is
+/// encoded whole before it is routed. Rows flip the replica sync.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chat_is_probed_unless_replicas_need_its_keys() {
+    let sim = fleet(&["--instances", "2", "--num-gpu-blocks", "2000"]).await;
+    for (case, seed, replicas, probed) in [
+        ("one router", 21, false, true),
+        ("replica peers", 22, true, false),
+    ] {
+        let mut yaml = endpoints_yaml(&sim, &|_| String::new()) + &models_yaml();
+        if replicas {
+            let listen = format!("tcp://{}", kvgate_proxy::test_util::dead_addr());
+            let peer = format!("tcp://{}", kvgate_proxy::test_util::dead_addr());
+            yaml += &format!("replica_sync:\n  listen: {listen}\n  peers: [{listen}, {peer}]\n");
+        }
+        let proxy = start_proxy(&yaml).await;
+        // A long chat prompt no engine holds (a new one per row).
+        let body = json!({
+            "model": MODEL,
+            "messages": [{"role": "user", "content": system_prompt(seed, 3000)}],
+            "max_tokens": 4,
+        });
+        let answer = chat(&proxy, &body).await;
+        assert!(!answer.endpoint.is_empty(), "{case}: routed");
+        let skipped = counter_sum(&proxy, "kvgate_tokenize_prefix_skipped_tokens_total").await;
+        assert_eq!(skipped > 2000, probed, "{case}: skipped {skipped} tokens");
+    }
     sim.shutdown().await;
 }

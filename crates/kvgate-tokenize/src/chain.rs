@@ -417,6 +417,20 @@ impl TokenizeService {
         req: &SealedRequest,
         budget: usize,
     ) -> Result<Option<PrefixSession>, TokenizeError> {
+        self.tokenize_prefix_with(req, budget, true).await
+    }
+
+    /// [`TokenizeService::tokenize_prefix`], with a chat prompt's first pass a probe of its
+    /// first blocks only when `probe` (otherwise that pass encodes it whole).
+    ///
+    /// # Errors
+    /// As [`TokenizeService::tokenize_prefix`].
+    pub async fn tokenize_prefix_with(
+        &self,
+        req: &SealedRequest,
+        budget: usize,
+        probe: bool,
+    ) -> Result<Option<PrefixSession>, TokenizeError> {
         let model = req.model().unwrap_or_default();
         let Some(chain) = self.chain(model) else {
             return Ok(None);
@@ -430,6 +444,9 @@ impl TokenizeService {
         let started = Instant::now();
         let run = move || {
             let mut s = PrefixSession::new(t, api, &body)?;
+            if !probe {
+                s = s.without_probe();
+            }
             s.advance(budget)?;
             Ok::<_, BackendError>(s)
         };

@@ -171,6 +171,8 @@ pub struct PrefixSession {
     segmented: bool,
     /// `text[..pos]` is a segmented text's probe: the next pass encodes the whole text.
     probed: bool,
+    /// A segmented text's first pass may be a probe ([`PrefixSession::without_probe`]).
+    may_probe: bool,
 }
 
 impl PrefixSession {
@@ -207,7 +209,16 @@ impl PrefixSession {
             ids,
             complete,
             probed: false,
+            may_probe: true,
         })
+    }
+
+    /// The same session, except that a segmented text's first pass encodes it whole instead
+    /// of probing it (its caller needs the whole prompt's tokens at once).
+    #[must_use]
+    pub fn without_probe(mut self) -> PrefixSession {
+        self.may_probe = false;
+        self
     }
 
     /// Whether the text may be encoded in parts: the tokenizer allows clean cuts, and the text
@@ -224,7 +235,11 @@ impl PrefixSession {
     /// such a boundary comes soon enough. `None`: no probe (encode as before).
     fn probe_cut(&self) -> Option<usize> {
         let s = &self.tokenizer.prefix;
-        if !self.segmented || self.pos != 0 || self.add_special && s.specials.is_none() {
+        if !self.may_probe
+            || !self.segmented
+            || self.pos != 0
+            || self.add_special && s.specials.is_none()
+        {
             return None;
         }
         let spaced = s.clean_cuts()?;

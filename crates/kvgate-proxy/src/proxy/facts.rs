@@ -13,6 +13,8 @@
 //! exactly as without this. A chat prompt's first pass is a probe of its first few blocks
 //! instead, and its second the whole prompt (see `kvgate_tokenize`'s `prefix` module): a
 //! chat that starts with blocks no endpoint holds is routed without encoding the rest.
+//! Not with router replicas: a replica's peers see only the block keys its dispatch
+//! announces, so there a chat is encoded whole before it is routed.
 //! Counted in `kvgate_tokenize_prefix_total{model,outcome}` and
 //! `kvgate_tokenize_prefix_skipped_tokens_total{model}`.
 //!
@@ -400,9 +402,17 @@ impl Proxy {
         if all.is_empty() || !all.iter().all(|e| e.has_kv_events()) {
             return Ok(None);
         }
+        // Router replicas learn what a request will cache only from the block keys its
+        // dispatch announces (pinned at its endpoint, counted by their fit checks and prefix
+        // sharers): with peers, a chat is encoded whole before it is routed, not probed.
+        let probe = self
+            .config
+            .replica_sync
+            .as_ref()
+            .is_none_or(|sync| sync.peers.is_empty());
         let Some(session) = self
             .tokenizer
-            .tokenize_prefix(sealed, PREFIX_TOKENS_START)
+            .tokenize_prefix_with(sealed, PREFIX_TOKENS_START, probe)
             .await?
         else {
             return Ok(None);

@@ -354,14 +354,19 @@ fn chat_prompt_is_probed_then_encoded_whole() {
     assert!(s.is_complete(), "the second pass encodes the whole prompt");
     assert_eq!(s.exact_ids(), full.as_slice());
 
-    // Rows flip one condition each: the budget, a clean boundary near the start.
+    // Rows flip one condition each: the budget, a clean boundary near the start, the probe
+    // turned off by the caller.
     let no_boundary = body(&"\u{4e16}\u{754c}".repeat(3000));
-    for (case, body, budget) in [
-        ("large first budget", probed.as_str(), 4096),
-        ("no clean boundary", no_boundary.as_str(), 512),
+    for (case, body, budget, probe) in [
+        ("large first budget", probed.as_str(), 4096, true),
+        ("no clean boundary", no_boundary.as_str(), 512, true),
+        ("probe turned off", probed.as_str(), 512, false),
     ] {
         let mut s =
             PrefixSession::new(Arc::clone(&t), Api::ChatCompletions, body.as_bytes()).unwrap();
+        if !probe {
+            s = s.without_probe();
+        }
         s.advance(budget).unwrap();
         assert!(s.is_complete(), "{case}: encoded whole at once");
         assert_eq!(
