@@ -7,10 +7,8 @@
 
 use std::time::Duration;
 
-use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
-use hyper_util::{client::legacy::Client, rt::TokioExecutor};
 use kvgate_proxy::test_util::RunningProxy;
+use kvgate_sim::Sim;
 use serde_json::{Value, json};
 
 mod common;
@@ -34,16 +32,28 @@ async fn complete(proxy_url: String, body: Value) -> (String, u64) {
 
 /// One counter of the proxy's `/metrics` (0 when absent).
 async fn counter(proxy: &RunningProxy, name: &str) -> u64 {
-    let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
-    let resp = client
-        .get(format!("http://{}/metrics", proxy.admin).parse().unwrap())
+    admin_text(proxy, "/metrics")
         .await
-        .unwrap();
-    let text = resp.into_body().collect().await.unwrap().to_bytes();
-    String::from_utf8_lossy(&text)
         .lines()
         .find_map(|l| l.strip_prefix(name)?.trim().parse::<f64>().ok())
         .map_or(0, |v| v as u64)
+}
+
+/// `instances` engines with room to spare and a slow prefill (a request is still prefilling
+/// when its sibling is routed), and a proxy in front of them.
+async fn slow_prefill_fleet(instances: &str) -> (Sim, RunningProxy) {
+    let sim = fleet(&[
+        "--instances",
+        instances,
+        "--num-gpu-blocks",
+        "2000",
+        "--prefill-tokens-per-s",
+        "4000",
+    ])
+    .await;
+    let yaml = endpoints_yaml(&sim, &|_| String::new()) + &models_yaml();
+    let proxy = start_proxy(&yaml).await;
+    (sim, proxy)
 }
 
 /// Waits until the proxy has `n` requests in flight over all endpoints.
@@ -64,17 +74,7 @@ async fn wait_in_flight(proxy: &RunningProxy, n: u64) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sibling_in_flight_completes_the_parked_prefix_and_follows() {
     // Slow prefill: the first request is still prefilling when its sibling is routed.
-    let sim = fleet(&[
-        "--instances",
-        "2",
-        "--num-gpu-blocks",
-        "2000",
-        "--prefill-tokens-per-s",
-        "4000",
-    ])
-    .await;
-    let yaml = endpoints_yaml(&sim, &|_| String::new()) + &models_yaml();
-    let proxy = start_proxy(&yaml).await;
+    let (sim, proxy) = slow_prefill_fleet("2").await;
     let parked = "kvgate_tokenize_parked_completions_total";
 
     // A long plain prompt: prefix tokenization stops after its first pass.
@@ -104,13 +104,8 @@ async fn a_sibling_in_flight_completes_the_parked_prefix_and_follows() {
 
 /// The sum of a labelled counter's lines in the proxy's `/metrics` (0 when absent).
 async fn counter_sum(proxy: &RunningProxy, name: &str) -> u64 {
-    let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
-    let resp = client
-        .get(format!("http://{}/metrics", proxy.admin).parse().unwrap())
+    admin_text(proxy, "/metrics")
         .await
-        .unwrap();
-    let text = resp.into_body().collect().await.unwrap().to_bytes();
-    String::from_utf8_lossy(&text)
         .lines()
         .filter(|l| l.starts_with(name))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
@@ -119,17 +114,7 @@ async fn counter_sum(proxy: &RunningProxy, name: &str) -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chat_siblings_sent_at_once_follow_the_first() {
-    let sim = fleet(&[
-        "--instances",
-        "4",
-        "--num-gpu-blocks",
-        "2000",
-        "--prefill-tokens-per-s",
-        "4000",
-    ])
-    .await;
-    let yaml = endpoints_yaml(&sim, &|_| String::new()) + &models_yaml();
-    let proxy = start_proxy(&yaml).await;
+    let (sim, proxy) = slow_prefill_fleet("4").await;
 
     // A long chat prompt nobody holds: its first pass is a probe of a few blocks.
     let body = json!({

@@ -269,33 +269,37 @@ async fn route_case(seed: u64, rng: &mut Rng, api: Api, body: &str) -> (bool, bo
     (skipped > 0, passes > 1)
 }
 
-#[tokio::test]
-async fn prefix_tokens_route_like_full_tokens() {
+/// [`route_case`] for every seed in `seeds`, with the prompt `body` draws; some cases must
+/// stop early and some grow past their first pass.
+async fn route_cases(seeds: std::ops::Range<u64>, api: Api, body: impl Fn(&mut Rng) -> String) {
     let (mut stopped, mut grown) = (0, 0);
-    for seed in 0..24u64 {
+    for seed in seeds {
         let mut rng = Rng(seed);
-        let words = 50 + rng.below(6000);
-        let body = prompt_body(&mut rng, words);
-        let (s, g) = route_case(seed, &mut rng, Api::Completions, &body).await;
+        let body = body(&mut rng);
+        let (s, g) = route_case(seed, &mut rng, api, &body).await;
         stopped += usize::from(s);
         grown += usize::from(g);
     }
     assert!(stopped > 0 && grown > 0, "stopped {stopped}, grown {grown}");
 }
 
+#[tokio::test]
+async fn prefix_tokens_route_like_full_tokens() {
+    route_cases(0..24, Api::Completions, |rng| {
+        let words = 50 + rng.below(6000);
+        prompt_body(rng, words)
+    })
+    .await;
+}
+
 /// The same for chat prompts, whose first pass is a probe of a few blocks.
 #[tokio::test]
 async fn chat_prefix_tokens_route_like_full_tokens() {
-    let (mut stopped, mut grown) = (0, 0);
-    for seed in 100..140u64 {
-        let mut rng = Rng(seed);
+    route_cases(100..140, Api::ChatCompletions, |rng| {
         let words = 10 + rng.below(3000);
-        let body = chat_body(&mut rng, words);
-        let (s, g) = route_case(seed, &mut rng, Api::ChatCompletions, &body).await;
-        stopped += usize::from(s);
-        grown += usize::from(g);
-    }
-    assert!(stopped > 0 && grown > 0, "stopped {stopped}, grown {grown}");
+        chat_body(rng, words)
+    })
+    .await;
 }
 
 #[tokio::test]
