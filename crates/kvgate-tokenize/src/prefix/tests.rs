@@ -325,8 +325,8 @@ async fn service_prefix_round_trip() {
 
 /// A chat prompt's first pass is a probe of a few blocks (not the budget), and the next pass
 /// encodes the whole prompt: two passes, the ids of full tokenization. A first pass asking for
-/// more than a probe's budget, or a prompt without a clean boundary near its start, is
-/// encoded whole at once.
+/// more than a probe's budget, a prompt without a clean boundary near its start, or a session
+/// whose caller turned the probe off is encoded whole at once.
 #[test]
 fn chat_prompt_is_probed_then_encoded_whole() {
     let t = qwen();
