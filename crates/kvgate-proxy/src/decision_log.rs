@@ -2,7 +2,9 @@
 //! written when its response ends, with every candidate's raw and weighted scores, predicted
 //! cached tokens and router-side load at decision time, the pick, and what happened: status,
 //! time to first byte and end-to-end time (both from the decision), and the engine's realized
-//! `cached_tokens`. `ts_ms` is the decision's wall-clock time.
+//! `cached_tokens`. `ts_ms` is the decision's wall-clock time; `router` is where the request's
+//! time went in the router before the pick, from its arrival (body read, facts and tokens
+//! ready, decided).
 //!
 //! The same record, once its response ends, also goes to the bounded ring of recent
 //! decisions that `/debug/state` shows ([`RecentDecisions`]), log file or not.
@@ -16,6 +18,7 @@
 //! {"ts_ms":1764580000123,"request_id":"9f…","model":"Qwen/Qwen3-0.6B","prompt_tokens":2210,
 //!  "status":200,"outcome":"completed","ttft_ms":41.2,"e2e_ms":118.0,
 //!  "predicted_cached_tokens":2192,"realized_cached_tokens":2192,
+//!  "router":{"body_ms":0.01,"facts_ms":0.62,"decided_ms":0.66},
 //!  "decision":{"endpoint":"127.0.0.1:21001","runs":[{"candidates":[{"endpoint":"…",
 //!   "total":1.0,"predicted_cached_tokens":2192,"load":{…},"scores":[…]}, …]}]}}
 //! ```
@@ -137,8 +140,40 @@ pub struct DecisionRecord {
     pub predicted_cached_tokens: Option<u64>,
     /// Cached prompt tokens the engine reported.
     pub realized_cached_tokens: Option<u64>,
+    /// The router's own time before the pick (`None` when the front door did not say when the
+    /// request arrived).
+    pub router: Option<RouterTimes>,
     /// Every candidate's scores and the pick.
     pub decision: DecisionView,
+}
+
+/// Where a request's time went in the router before its pick, in milliseconds since it
+/// arrived (its headers were read).
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct RouterTimes {
+    /// Until its body was read.
+    pub body_ms: f64,
+    /// Until it was parsed, sealed and tokenized (as far as routing needed).
+    pub facts_ms: f64,
+    /// Until the pick (flow control's wait and the scheduler's cycle included).
+    pub decided_ms: f64,
+}
+
+impl RouterTimes {
+    /// The times of a request that arrived at `arrived`.
+    pub(crate) fn new(
+        arrived: Instant,
+        body: Instant,
+        facts: Instant,
+        decided: Instant,
+    ) -> RouterTimes {
+        let ms = |t: Instant| t.saturating_duration_since(arrived).as_secs_f64() * 1e3;
+        RouterTimes {
+            body_ms: ms(body),
+            facts_ms: ms(facts),
+            decided_ms: ms(decided),
+        }
+    }
 }
 
 impl DecisionRecord {
@@ -164,6 +199,7 @@ impl DecisionRecord {
             e2e_ms: None,
             predicted_cached_tokens: predicted,
             realized_cached_tokens: None,
+            router: None,
             decision,
         }
     }

@@ -36,6 +36,9 @@ fn token_ids() -> Vec<u32> {
 
 /// A render server answering `/v1/chat/completions/render` with the prompt's ids and the
 /// image item; every body it receives goes to the returned channel.
+/// How long the render spy holds its answer.
+const RENDER_DELAY: Duration = Duration::from_millis(30);
+
 async fn render_spy() -> (String, mpsc::UnboundedReceiver<Bytes>) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
@@ -59,6 +62,8 @@ async fn render_spy() -> (String, mpsc::UnboundedReceiver<Bytes>) {
                     let body = req.into_body().collect().await.unwrap().to_bytes();
                     let status = if path == "/v1/chat/completions/render" {
                         let _ = tx.send(body);
+                        // The router has its facts no sooner than this answer.
+                        tokio::time::sleep(RENDER_DELAY).await;
                         200
                     } else {
                         404
@@ -260,6 +265,19 @@ async fn image_prompts_match_blocks_keyed_with_their_mm_hash() {
     // Every candidate's prediction: the same tokens without the image's keys match nothing.
     let line = first_log_line(&log).await;
     let _ = std::fs::remove_file(&log);
+    // The router's own time before the pick: the body, then the facts (the render call
+    // included), then the decision.
+    let ms = |k: &str| {
+        line["router"][k]
+            .as_f64()
+            .unwrap_or_else(|| panic!("{k}: {line}"))
+    };
+    assert!(
+        0.0 <= ms("body_ms") && ms("body_ms") <= ms("facts_ms"),
+        "{line}"
+    );
+    assert!(ms("facts_ms") >= RENDER_DELAY.as_secs_f64() * 1e3, "{line}");
+    assert!(ms("facts_ms") <= ms("decided_ms"), "{line}");
     let predicted = |spy: &Spy| {
         line["decision"]["runs"][0]["candidates"]
             .as_array()

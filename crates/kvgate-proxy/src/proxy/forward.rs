@@ -159,11 +159,13 @@ impl Proxy {
             Ok(read) => read,
             Err(e) => return Err((failed(e, span), guard)),
         };
+        let body_read = Instant::now();
         let routed = self.route(route, bytes, &parts.headers, request_id).await;
         let mut routed = match routed {
             Ok(routed) => routed,
             Err(e) => return Err((failed(e, span), guard)),
         };
+        routed.arrived(guard.start(), body_read);
         if let Err(e) = self.admit(&mut routed, &parts.headers).await {
             return Err((failed(e, span), guard));
         }

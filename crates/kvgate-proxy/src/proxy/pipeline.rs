@@ -28,7 +28,7 @@ use super::{Proxy, facts::PendingPrefix, routes::Route};
 use crate::{
     admission::{EndpointSlot, Permit, RejectReason},
     body::{Realized, Tracker, UsageWatch},
-    decision_log::{DecisionRecord, LogEntry},
+    decision_log::{DecisionRecord, LogEntry, RouterTimes},
     error::ProxyError,
 };
 
@@ -50,6 +50,11 @@ pub struct Routed {
     permit: Option<Permit>,
     /// The tokenizer backend that produced the prompt tokens (`None`: not tokenized).
     tokenizer: Option<BackendKind>,
+    /// When [`Proxy::route`] had the request's facts (tokens included).
+    facts_at: Instant,
+    /// When the request arrived and when its body was read, if the front door said
+    /// ([`Routed::arrived`]).
+    arrived: Option<(Instant, Instant)>,
 }
 
 impl Routed {
@@ -77,6 +82,12 @@ impl Routed {
     /// Prompt tokens as the router counted them (`None`: not tokenized).
     pub fn prompt_tokens(&self) -> Option<u64> {
         self.facts.prompt_tokens
+    }
+
+    /// Records when the request arrived and when its body was read: the decision log then
+    /// has the router's own time before each pick ([`crate::decision_log::RouterTimes`]).
+    pub fn arrived(&mut self, arrived: Instant, body_read: Instant) {
+        self.arrived = Some((arrived, body_read));
     }
 
     /// Takes the flow-control permit (to hold until the response ends); later picks take no
@@ -146,6 +157,8 @@ impl Proxy {
             subset: None,
             permit: None,
             tokenizer,
+            facts_at: Instant::now(),
+            arrived: None,
         })
     }
 
@@ -375,13 +388,16 @@ impl Proxy {
         };
         let mut guards = decision.take_guards();
         let predicted = decision.predicted_cached_tokens();
-        let record = DecisionRecord::new(
+        let mut record = DecisionRecord::new(
             decision.to_view(),
             routed.sealed.model(),
             routed.facts.prompt_tokens,
             routed.tokenizer.map(BackendKind::label),
             predicted,
         );
+        record.router = routed.arrived.map(|(arrived, body)| {
+            RouterTimes::new(arrived, body, routed.facts_at, Instant::now())
+        });
         let log = Some(LogEntry::new(
             self.decision_log.clone(),
             Arc::clone(&self.recent),
