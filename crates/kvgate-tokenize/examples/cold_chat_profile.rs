@@ -1,7 +1,9 @@
 //! A fixed-work driver for `valgrind --tool=callgrind` (instruction counts repeat exactly):
 //! the `cold_chat` bench's body, tokenized cold by the local backend (`chat`) or its rendered
 //! text encoded by the bare engine (`bare`, `bare_fast`), rendered only (`render`), or a prefix
-//! session's first pass (`probe`: render and a few blocks), `N` times.
+//! session's first pass (`probe`: render and a few blocks), `N` times; or a shared-prefix turn
+//! whose 4,000-word system prompt the segment cache holds, tokenized whole (`shared`) or as a
+//! prefix session's passes (`shared_prefix`).
 //!
 //! Run: `cargo build --release -p kvgate-tokenize --example cold_chat_profile`, then
 //! `valgrind --tool=callgrind target/release/examples/cold_chat_profile chat 3`.
@@ -29,13 +31,33 @@ fn body() -> Vec<u8> {
     .into_bytes()
 }
 
+/// A shared-prefix turn: a 4,000-word system prompt every call shares and a user message of
+/// its own (call `i`).
+fn shared_body(i: usize) -> Vec<u8> {
+    let system = (0..4000)
+        .map(|j| VOCAB[(j * 13 + j / 5) % VOCAB.len()])
+        .collect::<Vec<_>>()
+        .join(" ");
+    let user = (0..60)
+        .map(|j| VOCAB[(j * 7 + i * 31) % VOCAB.len()])
+        .collect::<Vec<_>>()
+        .join(" ")
+        + &format!(" (question {i})");
+    json!({"model": "qwen3", "messages": [
+        {"role": "system", "content": system},
+        {"role": "user", "content": user},
+    ]})
+    .to_string()
+    .into_bytes()
+}
+
 fn main() {
     let mut args = std::env::args().skip(1);
     let mode = args.next().unwrap_or_else(|| "chat".into());
     let n: usize = args.next().map_or(1, |s| s.parse().expect("N is a number"));
     // The segment cache is off (every call cold), except for `probe`: a chat prompt is
     // probed only when the cache serves its segments.
-    let options = if mode == "probe" {
+    let options = if mode == "probe" || mode.starts_with("shared") {
         LocalOptions::default()
     } else {
         LocalOptions {
@@ -50,9 +72,18 @@ fn main() {
     let text = t
         .render_prompt(Api::ChatCompletions, &body)
         .expect("renders");
+    // `shared*`: the segment cache holds the system prompt before the timed calls.
+    let shared: Vec<Vec<u8>> = if mode.starts_with("shared") {
+        let bodies: Vec<_> = (0..=n).map(shared_body).collect();
+        t.tokenize(Api::ChatCompletions, &bodies[n]).expect("ok");
+        bodies
+    } else {
+        Vec::new()
+    };
     let mut tokens = 0;
     let started = std::time::Instant::now();
-    for _ in 0..n {
+    for i in 0..n {
+        let turn = shared.get(i).map_or(&[][..], Vec::as_slice);
         tokens = match mode.as_str() {
             "chat" => t
                 .tokenize(Api::ChatCompletions, black_box(&body))
@@ -84,6 +115,41 @@ fn main() {
                 s.advance(512).expect("ok");
                 s.encoded_tokens()
             }
+            // A shared-prefix turn tokenized whole, its system prompt's chunks cached.
+            "shared" => t
+                .tokenize(Api::ChatCompletions, black_box(turn))
+                .expect("ok")[0]
+                .token_ids
+                .len(),
+            // The same turn as a prefix session's first two passes (probe, then the rest).
+            "shared_prefix" => {
+                let mut s = kvgate_tokenize::PrefixSession::new(
+                    std::sync::Arc::clone(&t),
+                    Api::ChatCompletions,
+                    black_box(turn),
+                )
+                .expect("renders");
+                s.advance(512).expect("ok");
+                s.advance(usize::MAX).expect("ok");
+                s.encoded_tokens()
+            }
+            // The same turn as the router now runs it: whole at once when nearly all cached.
+            "shared_whole" => {
+                let mut s = kvgate_tokenize::PrefixSession::new(
+                    std::sync::Arc::clone(&t),
+                    Api::ChatCompletions,
+                    black_box(turn),
+                )
+                .expect("renders");
+                s.encode_whole_if_cached(2048);
+                s.advance(512).expect("ok");
+                s.encoded_tokens()
+            }
+            // Parse and render only.
+            "shared_render" => t
+                .render_prompt(Api::ChatCompletions, black_box(turn))
+                .expect("ok")
+                .len(),
             "load" => 0,
             other => panic!("unknown mode {other}"),
         };

@@ -28,7 +28,6 @@ use crate::outcome::{
     BackendError, BackendKind, Fallback, FallbackReason, PromptTokens, Tokenized,
 };
 use crate::pool::{BlockingPool, PoolError, PoolOptions};
-use crate::prefix::PrefixSession;
 use crate::render::{RenderBackend, RenderOptions};
 use crate::{anthropic, chat, estimate, responses};
 
@@ -404,95 +403,6 @@ impl TokenizeService {
         self.tokenize_with(&chain, req).await
     }
 
-    /// Starts a prefix tokenization of `req` ([`PrefixSession`]) and encodes about `budget`
-    /// tokens, when the model's chain begins with a loaded local backend. Counted like a
-    /// local success of [`TokenizeService::tokenize`]. `Ok(None)` when that does not apply or
-    /// the local backend refuses: call [`TokenizeService::tokenize`], which walks the chain
-    /// (and counts the fallback) as usual.
-    ///
-    /// # Errors
-    /// [`TokenizeError::QueueFull`], [`TokenizeError::Busy`] or [`TokenizeError::PoolClosed`].
-    pub async fn tokenize_prefix(
-        &self,
-        req: &SealedRequest,
-        budget: usize,
-    ) -> Result<Option<PrefixSession>, TokenizeError> {
-        self.tokenize_prefix_with(req, budget, true).await
-    }
-
-    /// [`TokenizeService::tokenize_prefix`], with a chat prompt's first pass a probe of its
-    /// first blocks only when `probe` (otherwise that pass encodes it whole).
-    ///
-    /// # Errors
-    /// As [`TokenizeService::tokenize_prefix`].
-    pub async fn tokenize_prefix_with(
-        &self,
-        req: &SealedRequest,
-        budget: usize,
-        probe: bool,
-    ) -> Result<Option<PrefixSession>, TokenizeError> {
-        let model = req.model().unwrap_or_default();
-        let Some(chain) = self.chain(model) else {
-            return Ok(None);
-        };
-        let Some(Step::Local(Some(t))) = chain.steps.first() else {
-            return Ok(None);
-        };
-        let t = Arc::clone(t);
-        let api = req.api();
-        let body = req.body().clone();
-        let started = Instant::now();
-        let run = move || {
-            let mut s = PrefixSession::new(t, api, &body)?;
-            if !probe {
-                s = s.without_probe();
-            }
-            s.advance(budget)?;
-            Ok::<_, BackendError>(s)
-        };
-        match self.run_local(run).await? {
-            Ok(s) => {
-                self.metrics
-                    .observe(BackendKind::Local.label(), started.elapsed().as_secs_f64());
-                self.metrics
-                    .attempt(&chain.model, BackendKind::Local.label(), "ok", "none");
-                Ok(Some(s))
-            }
-            Err(e) => {
-                debug!(request_id = %req.request_id(), reason = e.reason.label(), "prefix tokenization refused; full chain next");
-                Ok(None)
-            }
-        }
-    }
-
-    /// Encodes more of a session, up to about `budget` tokens, on the blocking pool.
-    /// `Ok(None)` on an encode error (call [`TokenizeService::tokenize`]).
-    ///
-    /// # Errors
-    /// [`TokenizeError::QueueFull`], [`TokenizeError::Busy`] or [`TokenizeError::PoolClosed`].
-    pub async fn extend_prefix(
-        &self,
-        mut session: PrefixSession,
-        budget: usize,
-    ) -> Result<Option<PrefixSession>, TokenizeError> {
-        let started = Instant::now();
-        let run = move || session.advance(budget).map(|()| session);
-        match self.run_local(run).await? {
-            Ok(s) => {
-                self.metrics
-                    .observe(BackendKind::Local.label(), started.elapsed().as_secs_f64());
-                Ok(Some(s))
-            }
-            Err(e) => {
-                debug!(
-                    reason = e.reason.label(),
-                    "prefix tokenization failed; full chain next"
-                );
-                Ok(None)
-            }
-        }
-    }
-
     /// Runs a local-backend job on the pool. A panic becomes a
     /// [`FallbackReason::TokenizerPanic`] refusal, so the chain falls back as it does for any
     /// other backend failure.
@@ -501,16 +411,7 @@ impl TokenizeService {
         T: Send + 'static,
         F: FnOnce() -> Result<T, BackendError> + Send + 'static,
     {
-        match self.pool.run(f).await {
-            Ok(r) => Ok(r),
-            Err(PoolError::QueueFull) => Err(TokenizeError::QueueFull),
-            Err(PoolError::WaitExceeded) => Err(TokenizeError::Busy),
-            Err(PoolError::Closed) => Err(TokenizeError::PoolClosed),
-            Err(PoolError::Panicked(message)) => Ok(Err(BackendError::new(
-                FallbackReason::TokenizerPanic,
-                format!("tokenizer panicked: {message}"),
-            ))),
-        }
+        pool_result(self.pool.run(f).await)
     }
 
     /// Tokenizes `req` with an explicit chain (the CLI and tests use this).
@@ -589,6 +490,25 @@ impl TokenizeService {
         Err(TokenizeError::AllBackendsFailed { fallbacks })
     }
 }
+
+/// A job's result from the pool or the caller's thread; a panic becomes a
+/// [`FallbackReason::TokenizerPanic`] refusal.
+fn pool_result<T>(
+    r: Result<Result<T, BackendError>, PoolError>,
+) -> Result<Result<T, BackendError>, TokenizeError> {
+    match r {
+        Ok(r) => Ok(r),
+        Err(PoolError::QueueFull) => Err(TokenizeError::QueueFull),
+        Err(PoolError::WaitExceeded) => Err(TokenizeError::Busy),
+        Err(PoolError::Closed) => Err(TokenizeError::PoolClosed),
+        Err(PoolError::Panicked(message)) => Ok(Err(BackendError::new(
+            FallbackReason::TokenizerPanic,
+            format!("tokenizer panicked: {message}"),
+        ))),
+    }
+}
+
+mod prefix;
 
 #[cfg(test)]
 mod tests;

@@ -183,6 +183,26 @@ impl BlockingPool {
         started(rx.await)
     }
 
+    /// Runs `f` on the caller's thread, with a worker's panic handling: a panic is caught,
+    /// counted and logged, and returned as [`PoolError::Panicked`]. For jobs small enough
+    /// that a hand-off to a worker (a queue wait and two thread wake-ups) would cost more
+    /// than the job.
+    ///
+    /// # Errors
+    /// [`PoolError::Panicked`] if `f` panicked.
+    pub fn run_inline<T, F>(&self, f: F) -> Result<T, PoolError>
+    where
+        F: FnOnce() -> T,
+    {
+        // Unwind safety: as for a worker's job (see `submit`).
+        panic::catch_unwind(AssertUnwindSafe(f)).map_err(|payload| {
+            self.counters.panics.inc();
+            let message = panic_message(payload.as_ref());
+            warn!(panic = %message, "tokenizer job panicked on the caller's thread");
+            PoolError::Panicked(message)
+        })
+    }
+
     /// Queues `f` without waiting; the receiver yields its result, or the panic.
     pub(crate) fn submit<T, F>(&self, f: F) -> Result<oneshot::Receiver<JobResult<T>>, PoolError>
     where

@@ -335,6 +335,54 @@ impl PrefixSession {
         }
     }
 
+    /// Bytes of text the next [`PrefixSession::advance`]`(budget)` will encode that the
+    /// segment cache does not hold: what that pass costs, about 2 µs per 4 bytes. For a chunk
+    /// walk the chunks it will cover are estimated from the bytes per token so far.
+    pub fn next_pass_uncached_bytes(&self, budget: usize) -> usize {
+        if self.complete {
+            return 0;
+        }
+        let t = &self.tokenizer;
+        if budget <= PROBE_MAX_BUDGET
+            && let Some(b) = self.probe_cut()
+        {
+            return b;
+        }
+        let bytes = self.text.as_bytes();
+        let whole = self.probed
+            || self.pos == 0 && (!self.splittable() || t.segments.next_cut(bytes, 0).is_none());
+        if whole {
+            return if self.add_special && t.prefix.specials.is_none() {
+                bytes.len()
+            } else {
+                t.segments.uncached_bytes(&self.text)
+            };
+        }
+        let wanted = budget.saturating_sub(self.ids.len());
+        let bytes_per_token = if self.pos > 0 && self.ids.len() > self.lead {
+            self.pos as f64 / (self.ids.len() - self.lead) as f64
+        } else {
+            DEFAULT_BYTES_PER_TOKEN
+        };
+        let limit = (wanted as f64 * bytes_per_token).ceil() as usize;
+        t.segments.uncached_in_piece(bytes, self.pos, limit.max(1))
+    }
+
+    /// Drops the probe of a segmented text when the segment cache holds all but at most
+    /// `max_uncached` bytes of it (an earlier turn, a shared system prompt): encoding it
+    /// whole then costs about what the probe would, and routing needs no second pass.
+    /// Returns whether the first pass is now the whole text.
+    pub fn encode_whole_if_cached(&mut self, max_uncached: usize) -> bool {
+        if self.probe_cut().is_none() {
+            return false;
+        }
+        if self.tokenizer.segments.uncached_bytes(&self.text) > max_uncached {
+            return false;
+        }
+        self.may_probe = false;
+        true
+    }
+
     /// True when the whole prompt is encoded.
     pub fn is_complete(&self) -> bool {
         self.complete

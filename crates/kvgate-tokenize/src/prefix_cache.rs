@@ -210,6 +210,47 @@ impl SegmentEncoder {
             .any(|i| self.first_byte[usize::from(bytes[i])] && self.match_at(bytes, i).is_some())
     }
 
+    /// Bytes of `text` that [`SegmentEncoder::encode`] would have to encode because the
+    /// cache does not hold their chunks (all of it when the cache is off). It splits `text`
+    /// exactly as `encode` does and hashes every chunk; nothing is encoded or touched.
+    pub(crate) fn uncached_bytes(&self, text: &str) -> usize {
+        if self.cache.is_none() {
+            return text.len();
+        }
+        let bytes = text.as_bytes();
+        let (mut start, mut i, mut uncached) = (0, 0, 0);
+        while i < bytes.len() {
+            if self.first_byte[usize::from(bytes[i])]
+                && let Some((len, _)) = self.match_at(bytes, i)
+            {
+                uncached += self.uncached_in_piece(&bytes[start..i], 0, usize::MAX);
+                i += len;
+                start = i;
+                continue;
+            }
+            i += 1;
+        }
+        uncached + self.uncached_in_piece(&bytes[start..], 0, usize::MAX)
+    }
+
+    /// Bytes of the canonical chunks of `piece` from `start` (a chunk start) on, until they
+    /// cover at least `limit` bytes or the piece ends, that the cache does not hold.
+    pub(crate) fn uncached_in_piece(&self, piece: &[u8], start: usize, limit: usize) -> usize {
+        let Some(store) = &self.cache else {
+            return piece.len().saturating_sub(start).min(limit);
+        };
+        let (mut at, mut uncached) = (start, 0);
+        while at < piece.len() && at - start < limit {
+            let end = self.next_cut(piece, at).unwrap_or(piece.len());
+            let chunk = &piece[at..end];
+            if chunk.len() < MIN_CACHED_BYTES || !store.contains_key(&xxh3_128(chunk)) {
+                uncached += chunk.len();
+            }
+            at = end;
+        }
+        uncached
+    }
+
     /// [`SegmentEncoder::encode`], caching the last chunk only when `cache_last` (a prefix
     /// cut inside it would only fill the cache with a text no other request repeats).
     pub(crate) fn encode_chunk(

@@ -133,3 +133,78 @@ fn build_errors_name_the_bad_field() {
     let err = TokenizeService::with_metrics(&config, TokenizeMetrics::unregistered()).unwrap_err();
     assert_eq!(err.to_string(), "model a is configured twice");
 }
+
+/// A prefix pass that encodes little the segment cache lacks (a chat's probe, a turn whose
+/// system prompt is cached) runs on the caller's thread: it completes while every pool
+/// worker is busy and the queue is full. A large pass (the rest of a cold prompt) still goes
+/// to the pool and is refused there.
+#[tokio::test]
+async fn small_prefix_passes_do_not_wait_for_the_pool() {
+    let chain = TokenizerChain::new("m", &[BackendKind::Local], Some(test_util::qwen3()), None);
+    let pool = PoolOptions {
+        threads: 1,
+        queue_limit: 1,
+        max_queue_wait: None,
+    };
+    let svc =
+        TokenizeService::from_chains(vec![chain], pool, TokenizeMetrics::unregistered()).unwrap();
+    let mut rng = test_util::Rng(5);
+    let words = |rng: &mut test_util::Rng, n: usize| -> String {
+        (0..n)
+            .map(|_| rng.pick(test_util::BENCH_WORDS))
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    let system = words(&mut rng, 3000);
+    let chat = |user: &str| {
+        serde_json::json!({"model": "m", "messages": [
+            {"role": "system", "content": system},
+            {"role": "user", "content": user},
+        ]})
+        .to_string()
+    };
+    let cold = chat(&words(&mut rng, 3000));
+    let earlier = chat("an earlier question");
+    let next = chat("the next question");
+    // Cache the system prompt through the pool while it is free.
+    svc.tokenize(&sealed(&earlier)).await.unwrap();
+    // Occupy the one worker, then fill the one queue slot.
+    let (started_tx, started_rx) = std::sync::mpsc::channel();
+    let (gate_tx, gate_rx) = std::sync::mpsc::channel::<()>();
+    let gate_rx = std::sync::Arc::new(std::sync::Mutex::new(gate_rx));
+    let g = std::sync::Arc::clone(&gate_rx);
+    let busy = svc
+        .pool
+        .submit(move || {
+            started_tx.send(()).unwrap();
+            let _ = g.lock().unwrap().recv();
+        })
+        .unwrap();
+    started_rx.recv().unwrap();
+    let g = std::sync::Arc::clone(&gate_rx);
+    let queued = svc
+        .pool
+        .submit(move || {
+            let _ = g.lock().unwrap().recv();
+        })
+        .unwrap();
+    let s = svc.tokenize_prefix(&sealed(&cold), 512).await.unwrap();
+    let s = s.expect("probed on the caller's thread");
+    assert!(!s.is_complete(), "a cold chat is probed");
+    let rest = svc.extend_prefix(s, usize::MAX).await;
+    assert!(matches!(rest, Err(TokenizeError::QueueFull)), "{rest:?}");
+    let warm = svc.tokenize_prefix(&sealed(&next), 512).await.unwrap();
+    let warm = warm.expect("encoded on the caller's thread");
+    assert!(warm.is_complete(), "a cached turn is encoded whole at once");
+    let full = test_util::qwen3()
+        .tokenize(Api::ChatCompletions, next.as_bytes())
+        .unwrap();
+    assert_eq!(
+        warm.exact_ids(),
+        full[0].token_ids,
+        "the ids of full tokenization"
+    );
+    drop(gate_tx);
+    busy.await.unwrap().unwrap();
+    queued.await.unwrap().unwrap();
+}

@@ -376,3 +376,67 @@ fn chat_prompt_is_probed_then_encoded_whole() {
         );
     }
 }
+
+/// A chat whose text the segment cache nearly all holds (an earlier turn encoded its system
+/// prompt) is encoded whole in its first pass instead of being probed; the next pass's
+/// uncached bytes say what it will cost. Rows flip one condition each: nothing cached, the
+/// new text too long, the same turn again.
+#[test]
+fn a_cached_chat_is_encoded_whole_at_once() {
+    let t = qwen();
+    let mut rng = Rng(11);
+    let system = plain(text(&mut rng, 3000));
+    let body = |user: &str| {
+        json!({"model": "m", "messages": [
+            {"role": "system", "content": system},
+            {"role": "user", "content": user},
+        ]})
+        .to_string()
+    };
+    let earlier = body("an earlier question");
+    let short_new = body("a short new question");
+    let long_new = body(&plain(text(&mut rng, 1500)));
+    let session =
+        |b: &str| PrefixSession::new(Arc::clone(&t), Api::ChatCompletions, b.as_bytes()).unwrap();
+    // Nothing cached yet: probed.
+    let mut cold = session(&earlier);
+    let probe = cold.next_pass_uncached_bytes(512);
+    assert!(
+        (PROBE_BYTES..PROBE_BYTES + 64).contains(&probe),
+        "probe of {probe} bytes"
+    );
+    assert!(!cold.encode_whole_if_cached(2048));
+    cold.advance(512).unwrap();
+    assert!(!cold.is_complete(), "cold: probed");
+    assert!(cold.next_pass_uncached_bytes(usize::MAX) > system.len());
+    t.tokenize(Api::ChatCompletions, earlier.as_bytes())
+        .unwrap();
+    for (case, b, whole) in [
+        ("short new turn", short_new.as_str(), true),
+        ("long new turn", long_new.as_str(), false),
+        ("the same turn", earlier.as_str(), true),
+    ] {
+        let mut s = session(b);
+        let whole_cost = t.segments.uncached_bytes(&s.text);
+        assert_eq!(s.encode_whole_if_cached(2048), whole, "{case}");
+        let cost = s.next_pass_uncached_bytes(512);
+        if whole {
+            assert_eq!(cost, whole_cost, "{case}");
+            assert!(cost <= 2048, "{case}: {cost}");
+        } else {
+            assert!(
+                cost < PROBE_BYTES + 64 && whole_cost > 2048,
+                "{case}: {cost}"
+            );
+        }
+        s.advance(512).unwrap();
+        assert_eq!(s.is_complete(), whole, "{case}");
+        s.advance(usize::MAX).unwrap();
+        assert_eq!(
+            s.exact_ids(),
+            full_ids(&t, Api::ChatCompletions, b.as_bytes()),
+            "{case}"
+        );
+        assert_eq!(s.next_pass_uncached_bytes(512), 0, "{case}: complete");
+    }
+}

@@ -221,3 +221,71 @@ fn prompts_sharing_leading_bytes_share_chunks() {
     );
     assert_eq!(cache.entry_count() - before, new as u64);
 }
+
+/// `uncached_bytes` counts exactly the bytes of the chunks `encode` would not find in the
+/// cache: all of a cold prompt, none of one encoded before (but pieces too short to cache),
+/// the unshared chunks of a prompt sharing its first 20 KB, all of it with the cache off.
+#[test]
+fn uncached_bytes_are_the_chunks_encode_would_encode() {
+    let local = test_util::qwen3();
+    let tok = local.tokenizer();
+    let spaced = local.prefix.clean_cuts().expect("splits").to_vec();
+    let mut enc = SegmentEncoder::new(tok, 1_000_000);
+    enc.chunk_at_clean_boundaries(CHUNK_BYTES, spaced.clone());
+    let mut off = SegmentEncoder::new(tok, 0);
+    off.chunk_at_clean_boundaries(CHUNK_BYTES, spaced);
+    let mut rng = Rng(0x756e_6361_6368);
+    let mut words = |bytes: usize| {
+        let mut s = String::from("Start");
+        while s.len() < bytes {
+            s.push_str(rng.pick(WORDS));
+        }
+        s
+    };
+    let shared = words(20_000);
+    let a = format!("{shared} first{}", words(6_000));
+    let b = format!("{shared} second{}", words(6_000));
+    let chat = format!("<|im_start|>system\n{a}<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n");
+    let short = |t: &str| -> usize {
+        chunks(&enc, t)
+            .iter()
+            .filter(|c| c.len() < MIN_CACHED_BYTES)
+            .map(|c| c.len())
+            .sum()
+    };
+    assert_eq!(enc.uncached_bytes(&a), a.len(), "cold");
+    assert_eq!(off.uncached_bytes(&a), a.len(), "cache off");
+    enc.encode(tok, &a).unwrap();
+    assert_eq!(enc.uncached_bytes(&a), short(&a), "encoded before");
+    let of_a: std::collections::HashSet<&str> = chunks(&enc, &a).into_iter().collect();
+    let unshared: usize = chunks(&enc, &b)
+        .iter()
+        .filter(|c| !of_a.contains(*c) || c.len() < MIN_CACHED_BYTES)
+        .map(|c| c.len())
+        .sum();
+    assert!(unshared < b.len() / 2, "{unshared} of {}", b.len());
+    assert_eq!(enc.uncached_bytes(&b), unshared, "shares its first 20 KB");
+    // Pieces between special tokens are looked up one by one. The system piece starts
+    // with "system\n", so its first chunk is not `a`'s; its later chunks end at the same
+    // clean boundaries as `a`'s and are cached.
+    let pieces: Vec<&str> = chat
+        .split("<|im_start|>")
+        .flat_map(|p| p.split("<|im_end|>"))
+        .collect();
+    let new: usize = pieces
+        .iter()
+        .flat_map(|p| chunks(&enc, p))
+        .filter(|c| !of_a.contains(c) || c.len() < MIN_CACHED_BYTES)
+        .map(str::len)
+        .sum();
+    assert!((CHUNK_BYTES..2 * CHUNK_BYTES).contains(&new), "{new}");
+    assert_eq!(
+        enc.uncached_bytes(&chat),
+        new,
+        "a chat sharing a system prompt"
+    );
+    enc.encode(tok, &chat).unwrap();
+    let short: usize = pieces.iter().map(|p| short(p)).sum();
+    assert_eq!(enc.uncached_bytes(&chat), short, "the chat encoded before");
+    assert_eq!(off.uncached_bytes(&chat), chat.len(), "cache off");
+}
