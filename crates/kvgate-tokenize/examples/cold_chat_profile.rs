@@ -11,6 +11,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a driver: panics are failures
 
 use std::hint::black_box;
+use std::sync::Arc;
 
 use kvgate_request::Api;
 use kvgate_tokenize::test_util::BENCH_WORDS as VOCAB;
@@ -49,6 +50,21 @@ fn shared_body(i: usize) -> Vec<u8> {
     ]})
     .to_string()
     .into_bytes()
+}
+
+/// A prefix session over `body` (encoded whole at once when `whole_if_cached` and the
+/// segment cache holds all but 2 KiB of it), advanced by each budget in turn; its ids.
+fn session(t: &Arc<LocalTokenizer>, body: &[u8], whole_if_cached: bool, passes: &[usize]) -> usize {
+    let mut s =
+        kvgate_tokenize::PrefixSession::new(Arc::clone(t), Api::ChatCompletions, black_box(body))
+            .expect("renders");
+    if whole_if_cached {
+        s.encode_whole_if_cached(2048);
+    }
+    for &budget in passes {
+        s.advance(budget).expect("ok");
+    }
+    s.encoded_tokens()
 }
 
 fn main() {
@@ -104,17 +120,8 @@ fn main() {
                 .encode_fast(black_box(text.as_str()), false)
                 .expect("ok")
                 .len(),
-            "probe" => {
-                // A prefix session's first pass on a chat prompt: render, then the probe.
-                let mut s = kvgate_tokenize::PrefixSession::new(
-                    std::sync::Arc::clone(&t),
-                    Api::ChatCompletions,
-                    black_box(&body),
-                )
-                .expect("renders");
-                s.advance(512).expect("ok");
-                s.encoded_tokens()
-            }
+            // A prefix session's first pass on a chat prompt: render, then the probe.
+            "probe" => session(&t, &body, false, &[512]),
             // A shared-prefix turn tokenized whole, its system prompt's chunks cached.
             "shared" => t
                 .tokenize(Api::ChatCompletions, black_box(turn))
@@ -122,29 +129,9 @@ fn main() {
                 .token_ids
                 .len(),
             // The same turn as a prefix session's first two passes (probe, then the rest).
-            "shared_prefix" => {
-                let mut s = kvgate_tokenize::PrefixSession::new(
-                    std::sync::Arc::clone(&t),
-                    Api::ChatCompletions,
-                    black_box(turn),
-                )
-                .expect("renders");
-                s.advance(512).expect("ok");
-                s.advance(usize::MAX).expect("ok");
-                s.encoded_tokens()
-            }
+            "shared_prefix" => session(&t, turn, false, &[512, usize::MAX]),
             // The same turn as the router now runs it: whole at once when nearly all cached.
-            "shared_whole" => {
-                let mut s = kvgate_tokenize::PrefixSession::new(
-                    std::sync::Arc::clone(&t),
-                    Api::ChatCompletions,
-                    black_box(turn),
-                )
-                .expect("renders");
-                s.encode_whole_if_cached(2048);
-                s.advance(512).expect("ok");
-                s.encoded_tokens()
-            }
+            "shared_whole" => session(&t, turn, true, &[512]),
             // Parse and render only.
             "shared_render" => t
                 .render_prompt(Api::ChatCompletions, black_box(turn))

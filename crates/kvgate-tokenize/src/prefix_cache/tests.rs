@@ -183,16 +183,18 @@ fn chunks<'a>(enc: &SegmentEncoder, text: &'a str) -> Vec<&'a str> {
     out
 }
 
-/// Two prompts with the same first 20 KB share the chunks that end inside it: the second
-/// prompt adds only its other chunks to the cache, and both encode exactly.
-#[test]
-fn prompts_sharing_leading_bytes_share_chunks() {
-    let local = test_util::qwen3();
-    let tok = local.tokenizer();
+/// An encoder over `local`'s tokenizer with a cache of `max_tokens` (0: off), cutting pieces
+/// in canonical chunks.
+fn chunked(local: &crate::LocalTokenizer, max_tokens: u64) -> SegmentEncoder {
     let spaced = local.prefix.clean_cuts().expect("splits").to_vec();
-    let mut enc = SegmentEncoder::new(tok, 1_000_000);
+    let mut enc = SegmentEncoder::new(local.tokenizer(), max_tokens);
     enc.chunk_at_clean_boundaries(CHUNK_BYTES, spaced);
-    let mut rng = Rng(0x7368_6172_6564);
+    enc
+}
+
+/// Two texts of clean words that share their first 20 KB, then differ for 6 KB.
+fn two_prompts_sharing_20_kb(seed: u64) -> (String, String) {
+    let mut rng = Rng(seed);
     let mut words = |bytes: usize| {
         let mut s = String::from("Start");
         while s.len() < bytes {
@@ -203,6 +205,17 @@ fn prompts_sharing_leading_bytes_share_chunks() {
     let shared = words(20_000);
     let a = format!("{shared} first{}", words(6_000));
     let b = format!("{shared} second{}", words(6_000));
+    (a, b)
+}
+
+/// Two prompts with the same first 20 KB share the chunks that end inside it: the second
+/// prompt adds only its other chunks to the cache, and both encode exactly.
+#[test]
+fn prompts_sharing_leading_bytes_share_chunks() {
+    let local = test_util::qwen3();
+    let tok = local.tokenizer();
+    let enc = chunked(&local, 1_000_000);
+    let (a, b) = two_prompts_sharing_20_kb(0x7368_6172_6564);
     let want = |t: &str| tok.encode_fast(t, false).unwrap().get_ids().to_vec();
     assert_eq!(enc.encode(tok, &a).unwrap(), want(&a));
     let cache = enc.cache.as_ref().unwrap();
@@ -229,22 +242,9 @@ fn prompts_sharing_leading_bytes_share_chunks() {
 fn uncached_bytes_are_the_chunks_encode_would_encode() {
     let local = test_util::qwen3();
     let tok = local.tokenizer();
-    let spaced = local.prefix.clean_cuts().expect("splits").to_vec();
-    let mut enc = SegmentEncoder::new(tok, 1_000_000);
-    enc.chunk_at_clean_boundaries(CHUNK_BYTES, spaced.clone());
-    let mut off = SegmentEncoder::new(tok, 0);
-    off.chunk_at_clean_boundaries(CHUNK_BYTES, spaced);
-    let mut rng = Rng(0x756e_6361_6368);
-    let mut words = |bytes: usize| {
-        let mut s = String::from("Start");
-        while s.len() < bytes {
-            s.push_str(rng.pick(WORDS));
-        }
-        s
-    };
-    let shared = words(20_000);
-    let a = format!("{shared} first{}", words(6_000));
-    let b = format!("{shared} second{}", words(6_000));
+    let enc = chunked(&local, 1_000_000);
+    let off = chunked(&local, 0);
+    let (a, b) = two_prompts_sharing_20_kb(0x756e_6361_6368);
     let chat = format!("<|im_start|>system\n{a}<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n");
     let short = |t: &str| -> usize {
         chunks(&enc, t)
