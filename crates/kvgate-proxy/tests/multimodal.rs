@@ -34,11 +34,11 @@ fn token_ids() -> Vec<u32> {
     (1..=PROMPT_TOKENS).collect()
 }
 
-/// A render server answering `/v1/chat/completions/render` with the prompt's ids and the
-/// image item; every body it receives goes to the returned channel.
 /// How long the render spy holds its answer.
 const RENDER_DELAY: Duration = Duration::from_millis(30);
 
+/// A render server answering `/v1/chat/completions/render` with the prompt's ids and the
+/// image item, after [`RENDER_DELAY`]; every body it receives goes to the returned channel.
 async fn render_spy() -> (String, mpsc::UnboundedReceiver<Bytes>) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());

@@ -77,12 +77,13 @@ impl TokenizeService {
             let new = self.pool.run_inline(|| PrefixSession::new(t, api, &body));
             match pool_result(new)? {
                 Ok(mut s) => {
-                    if probe {
-                        s.encode_whole_if_cached(INLINE_MAX_UNCACHED_BYTES);
+                    if probe && s.encode_whole_if_cached(INLINE_MAX_UNCACHED_BYTES) {
+                        // Nearly all cached: encoded whole here, its cost already known.
+                        self.advance_inline(s, budget)?
                     } else {
-                        s = s.without_probe();
+                        let s = if probe { s } else { s.without_probe() };
+                        self.advance_session(s, budget).await?
                     }
-                    self.advance_session(s, budget).await?
                 }
                 Err(e) => Err(e),
             }
@@ -120,11 +121,20 @@ impl TokenizeService {
         budget: usize,
     ) -> Result<Result<PrefixSession, BackendError>, TokenizeError> {
         if session.next_pass_uncached_bytes(budget) <= INLINE_MAX_UNCACHED_BYTES {
-            let pass = self.pool.run_inline(|| session.advance(budget));
-            return Ok(pool_result(pass)?.map(|()| session));
+            return self.advance_inline(session, budget);
         }
         self.run_local(move || session.advance(budget).map(|()| session))
             .await
+    }
+
+    /// Runs a session's next pass on the caller's thread.
+    fn advance_inline(
+        &self,
+        mut session: PrefixSession,
+        budget: usize,
+    ) -> Result<Result<PrefixSession, BackendError>, TokenizeError> {
+        let pass = self.pool.run_inline(|| session.advance(budget));
+        Ok(pool_result(pass)?.map(|()| session))
     }
 
     /// Encodes more of a session, up to about `budget` tokens (on the caller's thread when
