@@ -31,9 +31,6 @@ use xxhash_rust::xxh3::xxh3_128;
 
 use crate::prefix::is_boundary;
 
-/// Pieces shorter than this are encoded directly: a lookup would cost as much.
-const MIN_CACHED_BYTES: usize = 16;
-
 /// Least length of a canonical chunk, in bytes (a chunk runs on to the next clean
 /// boundary). On the `cold_chat` bench's 20 KB prompt, parts of 512 B to 4 KiB encode
 /// equally fast, in about 0.75× the CPU time of the whole text at once (the same
@@ -63,6 +60,9 @@ pub(crate) struct SegmentEncoder {
     cut_tokens: Vec<(Vec<u8>, u32)>,
     /// `first_byte[b]` is true when some cut token starts with byte `b`.
     first_byte: [bool; 256],
+    /// The distinct first bytes of the cut tokens, when there are at most three (a
+    /// `memchr` scan finds the candidates; otherwise every byte is checked).
+    few_first: Option<Vec<u8>>,
     cache: Option<Cache<u128, Arc<[u32]>>>,
     /// Encode long cold pieces in parts (`None`: whole).
     chunking: Option<Chunking>,
@@ -99,6 +99,10 @@ impl SegmentEncoder {
         for (t, _) in &cut_tokens {
             first_byte[usize::from(t[0])] = true;
         }
+        let distinct: Vec<u8> = (0..=u8::MAX)
+            .filter(|&b| first_byte[usize::from(b)])
+            .collect();
+        let few_first = (distinct.len() <= 3).then_some(distinct);
         let cache = (exact && max_tokens > 0).then(|| {
             Cache::builder()
                 .max_capacity(max_tokens)
@@ -108,6 +112,7 @@ impl SegmentEncoder {
         SegmentEncoder {
             cut_tokens,
             first_byte,
+            few_first,
             cache,
             chunking: None,
         }
@@ -135,6 +140,26 @@ impl SegmentEncoder {
         self.cache.is_some()
     }
 
+    /// The first cut token in `bytes` at or after `from`: its position, length and id.
+    fn find_cut(&self, bytes: &[u8], from: usize) -> Option<(usize, usize, u32)> {
+        let mut at = from;
+        loop {
+            let rest = bytes.get(at..)?;
+            let next = match self.few_first.as_deref() {
+                Some([]) => return None,
+                Some(&[a]) => memchr::memchr(a, rest),
+                Some(&[a, b]) => memchr::memchr2(a, b, rest),
+                Some(&[a, b, c]) => memchr::memchr3(a, b, c, rest),
+                _ => rest.iter().position(|&b| self.first_byte[usize::from(b)]),
+            };
+            let i = at + next?;
+            if let Some((len, id)) = self.match_at(bytes, i) {
+                return Some((i, len, id));
+            }
+            at = i + 1;
+        }
+    }
+
     fn match_at(&self, bytes: &[u8], at: usize) -> Option<(usize, u32)> {
         let rest = &bytes[at..];
         self.cut_tokens
@@ -144,7 +169,11 @@ impl SegmentEncoder {
     }
 
     /// Appends the ids of one chunk (`encode_fast(chunk, false)`), through the cache when it
-    /// is on, the chunk is long enough and `cache` is set. A chunk must start at the start
+    /// is on and `cache` is set. Short chunks too: one `encode_fast` call costs about 30 k
+    /// instructions even for a single byte (added-token split, normalizer, pre-tokenizer
+    /// regex, `Encoding` buffers) against about 1 k for a hash and a lookup, and a chat's
+    /// short pieces (`"\n"` between turns, `"assistant\n"` before the reply) repeat in
+    /// every request. A chunk must start at the start
     /// of a piece or at a clean boundary, and end at the end of a piece or at a clean
     /// boundary: its ids then do not depend on the text around it.
     pub(crate) fn encode_clean(
@@ -154,11 +183,7 @@ impl SegmentEncoder {
         cache: bool,
         out: &mut Vec<u32>,
     ) -> tokenizers::Result<()> {
-        let Some(store) = self
-            .cache
-            .as_ref()
-            .filter(|_| cache && chunk.len() >= MIN_CACHED_BYTES)
-        else {
+        let Some(store) = self.cache.as_ref().filter(|_| cache && !chunk.is_empty()) else {
             out.extend_from_slice(tokenizer.encode_fast(chunk, false)?.get_ids());
             return Ok(());
         };
@@ -205,9 +230,7 @@ impl SegmentEncoder {
         if self.cache.is_none() {
             return false;
         }
-        let bytes = text.as_bytes();
-        (0..bytes.len())
-            .any(|i| self.first_byte[usize::from(bytes[i])] && self.match_at(bytes, i).is_some())
+        self.find_cut(text.as_bytes(), 0).is_some()
     }
 
     /// Bytes of `text` that [`SegmentEncoder::encode`] would have to encode because the
@@ -218,17 +241,10 @@ impl SegmentEncoder {
             return text.len();
         }
         let bytes = text.as_bytes();
-        let (mut start, mut i, mut uncached) = (0, 0, 0);
-        while i < bytes.len() {
-            if self.first_byte[usize::from(bytes[i])]
-                && let Some((len, _)) = self.match_at(bytes, i)
-            {
-                uncached += self.uncached_in_piece(&bytes[start..i], 0, usize::MAX);
-                i += len;
-                start = i;
-                continue;
-            }
-            i += 1;
+        let (mut start, mut uncached) = (0, 0);
+        while let Some((i, len, _)) = self.find_cut(bytes, start) {
+            uncached += self.uncached_in_piece(&bytes[start..i], 0, usize::MAX);
+            start = i + len;
         }
         uncached + self.uncached_in_piece(&bytes[start..], 0, usize::MAX)
     }
@@ -243,7 +259,7 @@ impl SegmentEncoder {
         while at < piece.len() && at - start < limit {
             let end = self.next_cut(piece, at).unwrap_or(piece.len());
             let chunk = &piece[at..end];
-            if chunk.len() < MIN_CACHED_BYTES || !store.contains_key(&xxh3_128(chunk)) {
+            if !chunk.is_empty() && !store.contains_key(&xxh3_128(chunk)) {
                 uncached += chunk.len();
             }
             at = end;
@@ -266,21 +282,13 @@ impl SegmentEncoder {
         }
         let bytes = text.as_bytes();
         let mut start = 0;
-        let mut i = 0;
-        while i < bytes.len() {
-            if self.first_byte[usize::from(bytes[i])]
-                && let Some((len, id)) = self.match_at(bytes, i)
-            {
-                if i > start {
-                    // Cut tokens are whole UTF-8 strings, so `start..i` is on char boundaries.
-                    self.encode_piece(tokenizer, &text[start..i], true, &mut out)?;
-                }
-                out.push(id);
-                i += len;
-                start = i;
-                continue;
+        while let Some((i, len, id)) = self.find_cut(bytes, start) {
+            if i > start {
+                // Cut tokens are whole UTF-8 strings, so `start..i` is on char boundaries.
+                self.encode_piece(tokenizer, &text[start..i], true, &mut out)?;
             }
-            i += 1;
+            out.push(id);
+            start = i + len;
         }
         if start < bytes.len() {
             self.encode_piece(tokenizer, &text[start..], cache_last, &mut out)?;
