@@ -144,9 +144,10 @@ pub struct IndexStats {
     pub estimated_bytes: usize,
 }
 
-/// Cheap mixer for keys that are already hashes (block keys, engine hashes).
+/// Cheap mixer for keys that are already hashes (block keys, engine hashes): one multiply
+/// where the standard library's SipHash runs its rounds.
 #[derive(Debug, Default, Clone, Copy)]
-pub(crate) struct KeyHasher(u64);
+pub struct KeyHasher(u64);
 
 impl Hasher for KeyHasher {
     fn finish(&self) -> u64 {
@@ -165,7 +166,8 @@ impl Hasher for KeyHasher {
     }
 }
 
-pub(crate) type BuildKeyHasher = BuildHasherDefault<KeyHasher>;
+/// [`KeyHasher`] for maps keyed by block keys or engine hashes.
+pub type BuildKeyHasher = BuildHasherDefault<KeyHasher>;
 pub(crate) type BlockMap = scc::HashMap<u64, Holders, BuildKeyHasher>;
 
 /// Handle to the shared index; clones are cheap and refer to the same index.

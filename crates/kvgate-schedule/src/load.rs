@@ -33,7 +33,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Instant;
 
-use kvgate_kvcache::BlockKeys;
+use kvgate_kvcache::{BlockKeys, BuildKeyHasher};
 
 use crate::endpoint::EndpointState;
 
@@ -91,7 +91,7 @@ pub(crate) struct EndpointLoad {
     /// The last [`REALIZED_WINDOW`] responses' (predicted, realized) cached tokens.
     realized_window: Mutex<VecDeque<(u64, u64)>>,
     /// Refcount per in-flight prompt block key.
-    active: Mutex<HashMap<u64, u32>>,
+    active: Mutex<HashMap<u64, u32, BuildKeyHasher>>,
     /// Distinct keys in `active`, and the block size they were keyed with.
     active_blocks: AtomicU64,
     active_block_size: AtomicU64,
