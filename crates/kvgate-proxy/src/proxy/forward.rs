@@ -94,7 +94,9 @@ impl Proxy {
                     Some(body) => Ok(self.answer(&mut guard, body)),
                     None => Err((ProxyError::ModelNotServed(id), guard)),
                 },
-                Ok(route) => self.forward(req, &route, request_id, guard).await,
+                // Boxed: the forwarding state machine is kilobytes, and every await
+                // between here and hyper's dispatcher would otherwise move it by value.
+                Ok(route) => Box::pin(self.forward(req, &route, request_id, guard)).await,
                 Err(refusal) => Err((refused(&req, refusal), guard)),
             };
             result.unwrap_or_else(|(e, guard)| self.reject(&e, guard))

@@ -1,5 +1,7 @@
 //! The id a request carries through logs, the decision log and the engine: the client's
 //! [`REQUEST_ID`] header when it is usable, else a fresh UUIDv4 as 32 lowercase hex digits.
+//! Its random bits come from the thread's ChaCha generator (`rand::rng`, seeded from the OS),
+//! not a `getrandom` system call per request.
 //!
 //! Usable means it cannot forge a log line: no spaces, quotes, backslashes or control
 //! characters, so `x-request-id: abc status=500` cannot add a field to a `key=value` log line
@@ -22,7 +24,10 @@ pub fn request_id(headers: &HeaderMap) -> Arc<str> {
         .and_then(|v| v.to_str().ok())
         .filter(|v| !v.is_empty() && v.len() <= MAX_CLIENT_ID && v.bytes().all(log_safe))
         .map_or_else(
-            || uuid::Uuid::new_v4().simple().to_string().into(),
+            || {
+                let uuid = uuid::Builder::from_random_bytes(rand::random()).into_uuid();
+                uuid.simple().to_string().into()
+            },
             Into::into,
         )
 }
@@ -101,8 +106,14 @@ mod tests {
     }
 
     #[test]
-    fn generated_ids_differ() {
-        let (a, b) = (request_id(&HeaderMap::new()), request_id(&HeaderMap::new()));
-        assert_ne!(a, b);
+    fn generated_ids_are_distinct_version_4_uuids() {
+        let ids: std::collections::HashSet<Arc<str>> =
+            (0..1000).map(|_| request_id(&HeaderMap::new())).collect();
+        assert_eq!(ids.len(), 1000, "distinct");
+        for id in &ids {
+            let uuid = uuid::Uuid::parse_str(id).expect(id);
+            assert_eq!(uuid.get_version_num(), 4, "{id}");
+            assert_eq!(uuid.get_variant(), uuid::Variant::RFC4122, "{id}");
+        }
     }
 }
