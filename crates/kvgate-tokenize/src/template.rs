@@ -12,8 +12,10 @@ use minijinja::{Environment, Error as JError, ErrorKind};
 use serde_json::{Map, Value};
 
 use crate::assets::LoadError;
-use crate::bigint::{BigInts, WithBigInts};
+use crate::bigint::BigInts;
 use crate::pyjson::{self, DumpOptions};
+
+mod context;
 
 const DEFAULT_NAME: &str = "chat";
 const TOOL_USE_NAME: &str = "tool_use";
@@ -203,37 +205,11 @@ impl ChatTemplate {
             .env
             .get_template(name)
             .map_err(|e| RenderError::Template(e.to_string()))?;
-        let mut ctx = Map::new();
-        for (k, v) in &self.special_tokens {
-            ctx.insert(k.clone(), v.clone());
-        }
-        // vLLM's resolve_chat_template_kwargs drops kwargs the template never reads.
-        for (k, v) in input
-            .kwargs
-            .iter()
-            .filter(|(k, _)| self.undeclared.contains(*k))
-        {
-            ctx.insert(k.clone(), v.clone());
-        }
-        ctx.insert("messages".into(), Value::Array(input.messages.clone()));
-        ctx.insert("tools".into(), input.tools.clone().unwrap_or(Value::Null));
-        ctx.insert(
-            "documents".into(),
-            input.documents.clone().unwrap_or(Value::Null),
-        );
-        ctx.insert(
-            "add_generation_prompt".into(),
-            Value::Bool(input.add_generation_prompt),
-        );
-        let ctx = Value::Object(ctx);
-        let ctx = if input.big_ints.is_empty() {
-            JValue::from(Serde(&ctx))
-        } else {
-            JValue::from(Serde(WithBigInts {
-                value: &ctx,
-                ints: &input.big_ints,
-            }))
-        };
+        let ctx = JValue::from(Serde(context::RenderContext {
+            special_tokens: &self.special_tokens,
+            undeclared: &self.undeclared,
+            input,
+        }));
         tmpl.render(ctx)
             .map_err(|e| RenderError::Template(format!("{e:#}")))
     }
@@ -443,6 +419,54 @@ mod tests {
                 ..TemplateInput::default()
             };
             assert_eq!(t.render(&input).unwrap(), want, "{src}");
+        }
+    }
+
+    /// Which value a template variable takes when a special token, a kwarg and the renderer
+    /// name it alike: kwargs the template reads replace special tokens, and the renderer's
+    /// own variables replace both.
+    #[test]
+    fn render_variables_shadow_in_order() {
+        let src = "{{ bos_token }}|{{ eos_token }}|{{ messages | length }}|{{ add_generation_prompt }}|{{ tools }}";
+        let special = vec![
+            ("bos_token".to_owned(), serde_json::json!("<s>")),
+            ("eos_token".to_owned(), serde_json::json!("</s>")),
+            ("messages".to_owned(), serde_json::json!("special")),
+        ];
+        let t = ChatTemplate::new(src.into(), None, special).unwrap();
+        let kwargs = |pairs: serde_json::Value| pairs.as_object().unwrap().clone();
+        let messages = vec![serde_json::json!({"role": "user", "content": "hi"})];
+        let cases = [
+            (
+                "no kwargs",
+                kwargs(serde_json::json!({})),
+                "<s>|</s>|1|False|None",
+            ),
+            (
+                "a read kwarg replaces a special token",
+                kwargs(serde_json::json!({"bos_token": "[B]"})),
+                "[B]|</s>|1|False|None",
+            ),
+            (
+                "an unread kwarg is dropped",
+                kwargs(serde_json::json!({"pad_token": "[P]"})),
+                "<s>|</s>|1|False|None",
+            ),
+            (
+                "the renderer's variables win",
+                kwargs(
+                    serde_json::json!({"messages": [], "tools": [1], "add_generation_prompt": true}),
+                ),
+                "<s>|</s>|1|False|None",
+            ),
+        ];
+        for (name, kwargs, want) in cases {
+            let input = TemplateInput {
+                messages: messages.clone(),
+                kwargs,
+                ..TemplateInput::default()
+            };
+            assert_eq!(t.render(&input).unwrap(), want, "{name}");
         }
     }
 }
