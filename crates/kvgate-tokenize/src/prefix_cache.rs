@@ -25,6 +25,7 @@
 
 use std::sync::Arc;
 
+use aho_corasick::{AhoCorasick, Input, MatchKind};
 use moka::sync::Cache;
 use tokenizers::Tokenizer;
 use xxhash_rust::xxh3::xxh3_128;
@@ -56,13 +57,11 @@ impl Chunking {
 
 /// Splits text at raw-matched added tokens and caches each piece's ids.
 pub(crate) struct SegmentEncoder {
-    /// Raw-matched added tokens, longest first within each first byte.
-    cut_tokens: Vec<(Vec<u8>, u32)>,
-    /// `first_byte[b]` is true when some cut token starts with byte `b`.
-    first_byte: [bool; 256],
-    /// The distinct first bytes of the cut tokens, when there are at most three (a
-    /// `memchr` scan finds the candidates; otherwise every byte is checked).
-    few_first: Option<Vec<u8>>,
+    /// Finds the raw-matched added tokens, leftmost-longest as the library's split does
+    /// (`None`: the tokenizer has none).
+    cut_tokens: Option<AhoCorasick>,
+    /// The id of each of `cut_tokens`' patterns.
+    cut_ids: Vec<u32>,
     cache: Option<Cache<u128, Arc<[u32]>>>,
     /// Encode long cold pieces in parts (`None`: whole).
     chunking: Option<Chunking>,
@@ -71,7 +70,7 @@ pub(crate) struct SegmentEncoder {
 impl std::fmt::Debug for SegmentEncoder {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SegmentEncoder")
-            .field("cut_tokens", &self.cut_tokens.len())
+            .field("cut_tokens", &self.cut_ids.len())
             .field(
                 "cache_entries",
                 &self.cache.as_ref().map(Cache::entry_count),
@@ -94,15 +93,20 @@ impl SegmentEncoder {
                 cut_tokens.push((tok.content.as_bytes().to_vec(), *id));
             }
         }
-        cut_tokens.sort_by(|a, b| b.0.len().cmp(&a.0.len()).then(a.0.cmp(&b.0)));
-        let mut first_byte = [false; 256];
-        for (t, _) in &cut_tokens {
-            first_byte[usize::from(t[0])] = true;
-        }
-        let distinct: Vec<u8> = (0..=u8::MAX)
-            .filter(|&b| first_byte[usize::from(b)])
-            .collect();
-        let few_first = (distinct.len() <= 3).then_some(distinct);
+        cut_tokens.sort();
+        cut_tokens.dedup_by(|a, b| a.0 == b.0);
+        let finder = AhoCorasick::builder()
+            .match_kind(MatchKind::LeftmostLongest)
+            .build(cut_tokens.iter().map(|(t, _)| t));
+        let cut_ids = cut_tokens.iter().map(|(_, id)| *id).collect();
+        // A token set the automaton cannot hold disables the cache (encoding stays exact).
+        let finder = match finder {
+            Ok(f) => (!cut_tokens.is_empty()).then_some(f),
+            Err(_) => {
+                exact = false;
+                None
+            }
+        };
         let cache = (exact && max_tokens > 0).then(|| {
             Cache::builder()
                 .max_capacity(max_tokens)
@@ -110,9 +114,8 @@ impl SegmentEncoder {
                 .build()
         });
         SegmentEncoder {
-            cut_tokens,
-            first_byte,
-            few_first,
+            cut_tokens: finder,
+            cut_ids,
             cache,
             chunking: None,
         }
@@ -140,32 +143,18 @@ impl SegmentEncoder {
         self.cache.is_some()
     }
 
-    /// The first cut token in `bytes` at or after `from`: its position, length and id.
+    /// The first cut token in `bytes` at or after `from` (the longest of those starting
+    /// there): its position, length and id.
     fn find_cut(&self, bytes: &[u8], from: usize) -> Option<(usize, usize, u32)> {
-        let mut at = from;
-        loop {
-            let rest = bytes.get(at..)?;
-            let next = match self.few_first.as_deref() {
-                Some([]) => return None,
-                Some(&[a]) => memchr::memchr(a, rest),
-                Some(&[a, b]) => memchr::memchr2(a, b, rest),
-                Some(&[a, b, c]) => memchr::memchr3(a, b, c, rest),
-                _ => rest.iter().position(|&b| self.first_byte[usize::from(b)]),
-            };
-            let i = at + next?;
-            if let Some((len, id)) = self.match_at(bytes, i) {
-                return Some((i, len, id));
-            }
-            at = i + 1;
-        }
-    }
-
-    fn match_at(&self, bytes: &[u8], at: usize) -> Option<(usize, u32)> {
-        let rest = &bytes[at..];
-        self.cut_tokens
-            .iter()
-            .find(|(t, _)| rest.starts_with(t))
-            .map(|(t, id)| (t.len(), *id))
+        let found = self
+            .cut_tokens
+            .as_ref()?
+            .find(Input::new(bytes).span(from..bytes.len()))?;
+        Some((
+            found.start(),
+            found.len(),
+            self.cut_ids[found.pattern().as_usize()],
+        ))
     }
 
     /// Appends the ids of one chunk (`encode_fast(chunk, false)`), through the cache when it

@@ -137,12 +137,6 @@ fn chunked_equals_whole_on_random_texts() {
         cold.chunk_at_clean_boundaries(bytes, spaced.clone());
         let mut cached = SegmentEncoder::new(tok, 1_000_000);
         cached.chunk_at_clean_boundaries(bytes, spaced.clone());
-        // Finds cut tokens byte by byte, as for a tokenizer whose added tokens start with
-        // more than three distinct bytes (Qwen3's all start with `<`: a `memchr` scan).
-        let mut scanned = SegmentEncoder::new(tok, 1_000_000);
-        scanned.chunk_at_clean_boundaries(bytes, spaced.clone());
-        assert_eq!(scanned.few_first.as_deref(), Some(&b"<"[..]));
-        scanned.few_first = None;
         let raw: String = (0..(1 + rng.below(120)))
             .map(|_| {
                 if rng.below(2) == 0 {
@@ -173,15 +167,7 @@ fn chunked_equals_whole_on_random_texts() {
             }
             let got = cold.encode_chunk(tok, &text, false).unwrap();
             assert_eq!(got, want, "case {case} chunk: {text:?}");
-            let got = scanned.encode(tok, &text).unwrap();
-            assert_eq!(got, want, "case {case} scanned: {text:?}");
-            assert_eq!(
-                scanned.has_cached_pieces(&text),
-                cached.has_cached_pieces(&text),
-                "case {case}: {text:?}"
-            );
             assert_eq!(cached.uncached_bytes(&text), 0, "case {case}: {text:?}");
-            assert_eq!(scanned.uncached_bytes(&text), 0, "case {case}: {text:?}");
         }
     }
 }
