@@ -15,7 +15,13 @@
 # then hey at a fixed 500 req/s (-c 10 -q 50) for p50/p99 at that rate. Round 2 runs the
 # targets in the reverse order. One engine, one router at a time; all on this machine.
 #
+# With --instructions N, each target instead runs under valgrind's callgrind: after a 200-request
+# warm-up, the counters are zeroed, N requests go through (hey -c 4), and the report gives the
+# router's user-space instructions per request, all threads together. These repeat to within a
+# fraction of a percent from run to run, where req/s on a shared machine does not.
+#
 # Usage: scripts/proxy_peers.sh [--rounds N] [--duration S] [--targets a,b,...] [--out DIR]
+#        [--instructions N]
 # Env: KVGATE_BIN (default target/release/kvgate), PEERS_VENV (default
 #   ~/.cache/kvgate-peers-venv; created with vllm-router==0.1.17 sglang-router==0.3.2 when
 #   missing), KVGATE_TOKENIZER (default testdata/tokenizers/qwen3).
@@ -24,7 +30,7 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
 
-ROUNDS=2 DURATION=6 OUT=proxy-peers-out
+ROUNDS=2 DURATION=6 OUT=proxy-peers-out INSTRUCTIONS=0
 TARGETS=(direct vllm-rr smg-rr smg-cache kvgate kvgate-tok)
 while (($#)); do
   case $1 in
@@ -32,7 +38,8 @@ while (($#)); do
     --duration) DURATION=$2; shift 2 ;;
     --targets) IFS=',' read -r -a TARGETS <<<"$2"; shift 2 ;;
     --out) OUT=$2; shift 2 ;;
-    -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
+    --instructions) INSTRUCTIONS=$2; shift 2 ;;
+    -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -42,6 +49,7 @@ PEERS_VENV=${PEERS_VENV:-$HOME/.cache/kvgate-peers-venv}
 TOKENIZER_DIR=${KVGATE_TOKENIZER:-testdata/tokenizers/qwen3}
 MODEL=Qwen/Qwen3-0.6B
 die() { echo "proxy_peers: $*" >&2; exit 1; }
+((INSTRUCTIONS == 0)) || command -v valgrind >/dev/null || die "valgrind missing (apt-get install valgrind)"
 for tool in nginx wrk hey curl python3; do
   command -v "$tool" >/dev/null || [[ -x /usr/sbin/$tool ]] || die "$tool missing (apt-get install nginx-light wrk hey)"
 done
@@ -129,26 +137,29 @@ start_target() { # NAME -> sets URL, TPID
   local name=$1 port prom logf="$OUT/logs/$1.log"
   port=$(free_port); prom=$(free_port)
   URL="http://127.0.0.1:$port"
+  local wrap=()
+  ((INSTRUCTIONS == 0)) ||
+    wrap=(valgrind --tool=callgrind "--callgrind-out-file=$OUT/logs/$name.callgrind")
   case $name in
     direct) URL=$ENGINE; TPID=$NGINX_PID; return 0 ;;
     vllm-rr)
-      "$PEERS_VENV/bin/vllm-router" --host 127.0.0.1 --port "$port" --prometheus-host 127.0.0.1 \
+      "${wrap[@]}" "$PEERS_VENV/bin/python3" "$PEERS_VENV/bin/vllm-router" --host 127.0.0.1 --port "$port" --prometheus-host 127.0.0.1 \
         --prometheus-port "$prom" --worker-urls "$ENGINE" --policy round_robin --log-level warning \
         >"$logf" 2>&1 & ;;
     smg-rr|smg-cache)
       local policy=round_robin
       [[ $name == smg-cache ]] && policy=cache_aware
-      "$PEERS_VENV/bin/smg" launch --host 127.0.0.1 --port "$port" --prometheus-host 127.0.0.1 \
+      "${wrap[@]}" "$PEERS_VENV/bin/python3" "$PEERS_VENV/bin/smg" launch --host 127.0.0.1 --port "$port" --prometheus-host 127.0.0.1 \
         --prometheus-port "$prom" --worker-urls "$ENGINE" --policy "$policy" --log-level warn \
         >"$logf" 2>&1 & ;;
     kvgate)
-      env KVGATE_LOG=warn "$KVGATE" serve --listen "127.0.0.1:$port" --admin-listen "127.0.0.1:$prom" \
-        --endpoint "$ENGINE,model=$MODEL" >"$logf" 2>&1 & ;;
+      env KVGATE_LOG=warn "${wrap[@]}" "$KVGATE" serve --listen "127.0.0.1:$port" \
+        --admin-listen "127.0.0.1:$prom" --endpoint "$ENGINE,model=$MODEL" >"$logf" 2>&1 & ;;
     kvgate-tok)
       # A KV-event endpoint where nothing publishes: precise mode, so every request is
       # tokenized and looked up; the index stays empty.
-      env KVGATE_LOG=warn "$KVGATE" serve --listen "127.0.0.1:$port" --admin-listen "127.0.0.1:$prom" \
-        --endpoint "$ENGINE,model=$MODEL,kv=tcp://127.0.0.1:$(free_port)" \
+      env KVGATE_LOG=warn "${wrap[@]}" "$KVGATE" serve --listen "127.0.0.1:$port" \
+        --admin-listen "127.0.0.1:$prom" --endpoint "$ENGINE,model=$MODEL,kv=tcp://127.0.0.1:$(free_port)" \
         --tokenizer "$MODEL=$TOKENIZER_DIR" >"$logf" 2>&1 & ;;
     *) die "unknown target $name" ;;
   esac
@@ -156,22 +167,56 @@ start_target() { # NAME -> sets URL, TPID
   PIDS+=("$TPID")
   # Ready once a real request goes through (the peers take a moment to see the worker).
   local i
-  for ((i = 0; i < 600; i++)); do
-    if curl -fsS -m 2 -o /dev/null -H 'content-type: application/json' --data-binary "@$WORK/body.json" \
+  for ((i = 0; i < 6000; i++)); do
+    if curl -fsS -m 5 -o /dev/null -H 'content-type: application/json' --data-binary "@$WORK/body.json" \
       "$URL/v1/chat/completions" 2>/dev/null; then
       return 0
     fi
     kill -0 "$TPID" 2>/dev/null || die "$name exited (logs in $logf)"
     sleep 0.1
   done
-  die "$name did not forward a request within 60 s (logs in $logf)"
+  die "$name did not forward a request (logs in $logf)"
 }
 
 stop_target() {
   [[ $1 == direct ]] && return 0
   kill "$TPID" 2>/dev/null || true
+  local i
+  for ((i = 0; i < 100; i++)); do
+    kill -0 "$TPID" 2>/dev/null || break
+    sleep 0.1
+  done
+  kill -9 "$TPID" 2>/dev/null || true
   wait "$TPID" 2>/dev/null || true
 }
+
+if ((INSTRUCTIONS > 0)); then
+  hey_n() { hey -n "$1" -c 4 -m POST -T application/json -D "$WORK/body.json" "$URL/v1/chat/completions"; }
+  {
+    echo "# Router instructions per request (callgrind, user space, all threads)"
+    echo
+    echo "kvgate $(git rev-parse --short HEAD)$(git diff --quiet || echo ', dirty tree'); body $BODY_BYTES bytes;" \
+      "$INSTRUCTIONS requests after a 200-request warm-up, hey -c 4"
+    echo
+    echo "| target | instructions per request | non-200 |"
+    echo "|---|---|---|"
+  } >"$OUT/instructions.md"
+  for t in "${TARGETS[@]}"; do
+    [[ $t == direct ]] && continue
+    rm -f "$OUT/logs/$t.callgrind"*
+    start_target "$t"
+    hey_n 200 >/dev/null
+    callgrind_control -z "$TPID" >/dev/null
+    hey_n "$INSTRUCTIONS" >"$OUT/logs/$t.hey.txt"
+    callgrind_control -d "$TPID" >/dev/null
+    stop_target "$t"
+    total=$(awk '/^summary:/{print $2; exit}' "$OUT/logs/$t.callgrind.1")
+    bad=$(awk '$1 ~ /^\[[0-9]+\]$/ && $1 != "[200]" {s += $2} END {print s + 0}' "$OUT/logs/$t.hey.txt")
+    echo "| $t | $((total / INSTRUCTIONS)) | $bad |" | tee -a "$OUT/instructions.md"
+  done
+  echo; cat "$OUT/instructions.md"
+  exit 0
+fi
 
 RESULTS="$OUT/results.jsonl"
 : >"$RESULTS"
