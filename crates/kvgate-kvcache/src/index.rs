@@ -361,16 +361,19 @@ impl KvIndex {
                 }
                 scc::hash_map::Entry::Occupied(mut o) => {
                     let h = o.get_mut();
-                    let range = h.range_of(id.0);
-                    let existing: Vec<(usize, Holding)> =
-                        range.filter_map(|i| h.get(i).map(|x| (i, x))).collect();
-                    match existing.as_slice() {
-                        [] => {
+                    // This endpoint's holdings of the block: none, one, or more (tiers); the
+                    // first two are all the match needs, without a collection per block.
+                    let (first, second) = {
+                        let mut held = h.range_of(id.0).filter_map(|i| h.get(i).map(|x| (i, x)));
+                        (held.next(), held.next())
+                    };
+                    match (first, second) {
+                        (None, _) => {
                             h.insert(new);
                             true
                         }
-                        [(i, x)] if x.is_speculative() => {
-                            h.set(*i, new);
+                        (Some((i, x)), None) if x.is_speculative() => {
+                            h.set(i, new);
                             true
                         }
                         _ => false,

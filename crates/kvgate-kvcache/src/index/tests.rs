@@ -354,6 +354,53 @@ fn speculative_entries_expire_or_become_real() {
     assert_eq!(ix.holdings(b), 2);
 }
 
+/// A speculative insertion where the endpoint already holds the blocks: a speculative
+/// holding is refreshed (its first deadline passes without expiring it or the sweep removing
+/// it), a real one is left as it is (nothing to sweep), and another endpoint's holding does
+/// not matter. The speculative TTL is 2 s; the insertion under test is at 11 s.
+#[test]
+fn speculative_insertion_over_existing_holdings() {
+    let toks: Vec<u32> = (1..33).collect();
+    let scope = KeyScope {
+        model: M,
+        cache_salt: None,
+    };
+    let keys = block_keys(&toks, 16, scope);
+    // (name, a's holding from 10 s, b holds the blocks, swept at 13 s, a's match at 13 s)
+    let cases = [
+        ("nothing held", None, false, 2, None),
+        ("a speculative, refreshed", Some(false), false, 2, None),
+        ("a real, kept", Some(true), false, 0, Some(2)),
+        ("b real", None, true, 2, None),
+    ];
+    for (name, a_before, b_real, want_swept, want_match) in cases {
+        let clock = ManualClock::new(10_000);
+        let ix = index_with(clock.clone(), 1 << 20);
+        let (a, b) = (ep(&ix, "a"), ep(&ix, "b"));
+        let real = || KvEvent::BlockStored(stored(&[1, 2], None, 1..33));
+        match a_before {
+            Some(true) => ix.apply_event(a, &real()),
+            Some(false) => ix.insert_speculative(a, &keys),
+            None => {}
+        }
+        if b_real {
+            ix.apply_event(b, &real());
+        }
+        clock.advance(1_000);
+        ix.insert_speculative(a, &keys);
+        let matched = |ix: &KvIndex, id| ix.score(&keys, &[id]).get(id).map(|e| e.matched_blocks);
+        clock.advance(1_500); // past a first insertion's deadline
+        assert_eq!(matched(&ix, a), Some(2), "{name}: at 12.5 s");
+        assert_eq!(ix.sweep_expired(), 0, "{name}: swept at 12.5 s");
+        clock.advance(500);
+        assert_eq!(matched(&ix, a), want_match, "{name}: at 13 s");
+        assert_eq!(ix.sweep_expired(), want_swept, "{name}: swept at 13 s");
+        if b_real {
+            assert_eq!(matched(&ix, b), Some(2), "{name}: b");
+        }
+    }
+}
+
 #[test]
 fn approximate_mode_lru() {
     let ix = index();
