@@ -17,15 +17,16 @@
 #
 # With --instructions N, each target instead runs under valgrind's callgrind: after a 200-request
 # warm-up, the counters are zeroed, N requests go through (hey -c 4), and the report gives the
-# router's user-space instructions per request, all threads together. These repeat to within a
-# fraction of a percent from run to run, where req/s on a shared machine does not.
+# router's user-space instructions per request, all threads together. These repeat to within 1%
+# from run to run, where req/s on a shared machine does not.
 #
 # Usage: scripts/proxy_peers.sh [--rounds N] [--duration S] [--targets a,b,...] [--out DIR]
 #        [--instructions N]
 # Env: KVGATE_BIN (default target/release/kvgate), PEERS_VENV (default
 #   ~/.cache/kvgate-peers-venv; created with vllm-router==0.1.17 sglang-router==0.3.2 when
 #   missing), KVGATE_TOKENIZER (default testdata/tokenizers/qwen3).
-# Needs nginx, wrk and hey (Debian: apt-get install nginx-light wrk hey).
+# Needs nginx, wrk and hey (Debian: apt-get install nginx-light wrk hey), and valgrind for
+# --instructions.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
@@ -39,7 +40,7 @@ while (($#)); do
     --targets) IFS=',' read -r -a TARGETS <<<"$2"; shift 2 ;;
     --out) OUT=$2; shift 2 ;;
     --instructions) INSTRUCTIONS=$2; shift 2 ;;
-    -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,29p' "$0"; exit 0 ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -143,15 +144,15 @@ start_target() { # NAME -> sets URL, TPID
   case $name in
     direct) URL=$ENGINE; TPID=$NGINX_PID; return 0 ;;
     vllm-rr)
-      "${wrap[@]}" "$PEERS_VENV/bin/python3" "$PEERS_VENV/bin/vllm-router" --host 127.0.0.1 --port "$port" --prometheus-host 127.0.0.1 \
-        --prometheus-port "$prom" --worker-urls "$ENGINE" --policy round_robin --log-level warning \
-        >"$logf" 2>&1 & ;;
+      "${wrap[@]}" "$PEERS_VENV/bin/python3" "$PEERS_VENV/bin/vllm-router" --host 127.0.0.1 \
+        --port "$port" --prometheus-host 127.0.0.1 --prometheus-port "$prom" \
+        --worker-urls "$ENGINE" --policy round_robin --log-level warning >"$logf" 2>&1 & ;;
     smg-rr|smg-cache)
       local policy=round_robin
       [[ $name == smg-cache ]] && policy=cache_aware
-      "${wrap[@]}" "$PEERS_VENV/bin/python3" "$PEERS_VENV/bin/smg" launch --host 127.0.0.1 --port "$port" --prometheus-host 127.0.0.1 \
-        --prometheus-port "$prom" --worker-urls "$ENGINE" --policy "$policy" --log-level warn \
-        >"$logf" 2>&1 & ;;
+      "${wrap[@]}" "$PEERS_VENV/bin/python3" "$PEERS_VENV/bin/smg" launch --host 127.0.0.1 \
+        --port "$port" --prometheus-host 127.0.0.1 --prometheus-port "$prom" \
+        --worker-urls "$ENGINE" --policy "$policy" --log-level warn >"$logf" 2>&1 & ;;
     kvgate)
       env KVGATE_LOG=warn "${wrap[@]}" "$KVGATE" serve --listen "127.0.0.1:$port" \
         --admin-listen "127.0.0.1:$prom" --endpoint "$ENGINE,model=$MODEL" >"$logf" 2>&1 & ;;

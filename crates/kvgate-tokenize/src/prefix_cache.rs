@@ -158,13 +158,15 @@ impl SegmentEncoder {
     }
 
     /// Appends the ids of one chunk (`encode_fast(chunk, false)`), through the cache when it
-    /// is on and `cache` is set. Short chunks too: one `encode_fast` call costs about 30 k
+    /// is on and `cache` is set. A chunk must start at the start of a piece or at a clean
+    /// boundary, and end at the end of a piece or at a clean boundary: its ids then do not
+    /// depend on the text around it.
+    ///
+    /// Short chunks go through the cache too: one `encode_fast` call costs about 30 k
     /// instructions even for a single byte (added-token split, normalizer, pre-tokenizer
     /// regex, `Encoding` buffers) against about 1 k for a hash and a lookup, and a chat's
     /// short pieces (`"\n"` between turns, `"assistant\n"` before the reply) repeat in
-    /// every request. A chunk must start at the start
-    /// of a piece or at a clean boundary, and end at the end of a piece or at a clean
-    /// boundary: its ids then do not depend on the text around it.
+    /// every request.
     pub(crate) fn encode_clean(
         &self,
         tokenizer: &Tokenizer,
