@@ -448,11 +448,6 @@ mod tests {
                 "[B]|</s>|1|False|None",
             ),
             (
-                "an unread kwarg is dropped",
-                kwargs(serde_json::json!({"pad_token": "[P]"})),
-                "<s>|</s>|1|False|None",
-            ),
-            (
                 "the renderer's variables win",
                 kwargs(
                     serde_json::json!({"messages": [], "tools": [1], "add_generation_prompt": true}),
