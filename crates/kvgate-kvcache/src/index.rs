@@ -1,11 +1,13 @@
 //! The KV-cache index: block key → endpoints holding it, with a tier each.
 //!
 //! Layout of the data:
-//! - one global `scc::HashMap<block key, Holders>` (sharded buckets; lookups take no lock that
-//!   writers hold for long, the read path is `read_sync`);
-//! - per endpoint, writer-only state behind a mutex that the scorer never touches: the
-//!   engine-hash → block-key map (so `BlockRemoved` and offload placeholders resolve), and a
-//!   CLOCK (second-chance LRU) queue that bounds the endpoint's holdings;
+//! - one global block map ([`store`]: an `scc::HashMap<block key, 8-byte word>` holding a
+//!   single holder inline or the fingerprint of a larger set kept in a side table; sharded
+//!   buckets, lookups take no lock that writers hold for long);
+//! - per endpoint, writer-only state behind a mutex that the scorer never touches: a CLOCK
+//!   (second-chance LRU) queue that bounds the endpoint's holdings, whose entries also carry
+//!   the engine hash naming each block, found through a table of queue positions ([`ring`]),
+//!   so `BlockRemoved`, parents and offload placeholders resolve;
 //! - endpoints are interned to dense `u32` ids ([`EndpointId`]); ids are never reused.
 //!
 //! Writers: one event stream per endpoint (the subscriber task), plus routing-time inserts
@@ -15,6 +17,8 @@ mod apply;
 mod confirm;
 mod endpoint;
 pub(crate) mod holders;
+mod ring;
+mod store;
 mod stream;
 
 use std::collections::VecDeque;
@@ -29,6 +33,7 @@ use crate::keys::{BlockKey, BlockKeys};
 use crate::metrics::{EndpointMetrics, KvMetrics};
 use endpoint::EndpointState;
 use holders::{Holders, Holding};
+use store::BlockStore;
 pub use stream::StreamHealth;
 
 /// Dense endpoint id, interned by [`KvIndex::register_endpoint`].
@@ -168,7 +173,6 @@ impl Hasher for KeyHasher {
 
 /// [`KeyHasher`] for maps keyed by block keys or engine hashes.
 pub type BuildKeyHasher = BuildHasherDefault<KeyHasher>;
-pub(crate) type BlockMap = scc::HashMap<u64, Holders, BuildKeyHasher>;
 
 /// Handle to the shared index; clones are cheap and refer to the same index.
 #[derive(Debug, Clone)]
@@ -178,7 +182,7 @@ pub struct KvIndex {
 
 #[derive(Debug)]
 pub(crate) struct Inner {
-    pub(crate) blocks: BlockMap,
+    pub(crate) blocks: BlockStore,
     endpoints: scc::HashMap<u32, Arc<EndpointSlot>>,
     by_key: scc::HashMap<EndpointKey, u32>,
     next_id: AtomicU32,
@@ -226,7 +230,7 @@ impl KvIndex {
     pub fn with_clock(config: IndexConfig, metrics: KvMetrics, clock: Arc<dyn Clock>) -> Self {
         KvIndex {
             inner: Arc::new(Inner {
-                blocks: BlockMap::default(),
+                blocks: BlockStore::default(),
                 endpoints: scc::HashMap::default(),
                 by_key: scc::HashMap::default(),
                 next_id: AtomicU32::new(0),
@@ -339,7 +343,7 @@ impl KvIndex {
         let mut st = slot.lock();
         // Tails first, so LRU eviction keeps the holdings prefix-closed.
         for k in keys.keys.iter().rev() {
-            endpoint::add_holding(&self.inner.blocks, &slot, &mut st, k.0, Tier::Gpu);
+            endpoint::add_holding(&self.inner.blocks, &slot, &mut st, k.0, Tier::Gpu, None);
         }
         endpoint::evict_to_capacity(&self.inner.blocks, &slot, &mut st);
     }
@@ -354,32 +358,29 @@ impl KvIndex {
         let mut queued = Vec::with_capacity(keys.len());
         for k in &keys.keys {
             let new = Holding::speculative(id.0, deadline);
-            let inserted = match self.inner.blocks.entry_sync(k.0) {
-                scc::hash_map::Entry::Vacant(v) => {
-                    v.insert_entry(Holders::One(new));
-                    true
-                }
-                scc::hash_map::Entry::Occupied(mut o) => {
-                    let h = o.get_mut();
-                    // This endpoint's holdings of the block: none, one, or more (tiers); the
-                    // first two are all the match needs, without a collection per block.
-                    let (first, second) = {
-                        let mut held = h.range_of(id.0).filter_map(|i| h.get(i).map(|x| (i, x)));
-                        (held.next(), held.next())
-                    };
-                    match (first, second) {
-                        (None, _) => {
-                            h.insert(new);
-                            true
-                        }
-                        (Some((i, x)), None) if x.is_speculative() => {
-                            h.set(i, new);
-                            true
-                        }
-                        _ => false,
+            let inserted = self.inner.blocks.modify(k.0, |cur| {
+                let Some(h) = cur else {
+                    *cur = Some(Holders::One(new));
+                    return true;
+                };
+                // This endpoint's holdings of the block: none, one, or more (tiers); the
+                // first two are all the match needs, without a collection per block.
+                let (first, second) = {
+                    let mut held = h.range_of(id.0).filter_map(|i| h.get(i).map(|x| (i, x)));
+                    (held.next(), held.next())
+                };
+                match (first, second) {
+                    (None, _) => {
+                        h.insert(new);
+                        true
                     }
+                    (Some((i, x)), None) if x.is_speculative() => {
+                        h.set(i, new);
+                        true
+                    }
+                    _ => false,
                 }
-            };
+            });
             if inserted {
                 queued.push((deadline, id.0, k.0));
             }
@@ -414,17 +415,18 @@ impl KvIndex {
             let Some((deadline, ep, key)) = next else {
                 break;
             };
-            let gone = self.inner.blocks.remove_if_sync(&key, |h| {
-                if let Some(i) = h.find(ep, Tier::Gpu as u8)
+            self.inner.blocks.modify(key, |cur| {
+                if let Some(h) = cur
+                    && let Some(i) = h.find(ep, Tier::Gpu as u8)
                     && h.get(i)
                         .is_some_and(|x| x.is_speculative() && x.deadline == deadline)
                 {
                     removed += 1;
-                    return !h.remove(i);
+                    if !h.remove(i) {
+                        *cur = None;
+                    }
                 }
-                false
             });
-            let _ = gone;
         }
         removed
     }
@@ -441,14 +443,10 @@ impl KvIndex {
         };
         let st = slot.lock();
         let mut out = Vec::new();
-        for key in st.lru.iter() {
-            self.inner.blocks.read_sync(key, |_, h| {
-                for x in h
-                    .as_slice()
-                    .iter()
-                    .filter(|x| x.ep == id.0 && !x.is_speculative())
-                {
-                    out.push((BlockKey(*key), Tier::from_bits(x.tier)));
+        for key in st.ring.keys() {
+            self.inner.blocks.read(key, |h| {
+                for x in h.iter().filter(|x| x.ep == id.0 && !x.is_speculative()) {
+                    out.push((BlockKey(key), Tier::from_bits(x.tier)));
                 }
             });
         }
@@ -465,11 +463,7 @@ impl KvIndex {
             blocks: self.inner.blocks.len(),
             ..IndexStats::default()
         };
-        let mut bytes = self.inner.blocks.capacity() * (std::mem::size_of::<(u64, Holders)>() + 1);
-        self.inner.blocks.iter_sync(|_, h| {
-            bytes += h.heap_bytes();
-            true
-        });
+        let mut bytes = self.inner.blocks.estimated_bytes();
         self.inner.endpoints.iter_sync(|_, slot| {
             let st = slot.lock();
             s.endpoints += 1;

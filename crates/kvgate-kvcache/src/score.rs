@@ -31,6 +31,7 @@ use std::time::Instant;
 mod drops;
 mod walk;
 
+use crate::index::holders::Snap;
 use crate::index::{EndpointId, KvIndex};
 use crate::keys::BlockKeys;
 #[cfg(test)]
@@ -129,7 +130,7 @@ impl KvIndex {
             return out;
         }
         let blocks = &self.inner.blocks;
-        let Some(first) = blocks.read_sync(&keys.keys[0].0, |_, h| h.snapshot()) else {
+        let Some(first) = blocks.snapshot(keys.keys[0].0) else {
             return out;
         };
         let mut w = Walker::new(
@@ -139,23 +140,23 @@ impl KvIndex {
             &first,
         );
         let gallop = self.inner.config.gallop;
-        let peek = |i: usize| {
-            keys.keys
-                .get(i)
-                .and_then(|k| blocks.read_sync(&k.0, |_, h| h.fingerprint()))
-        };
+        let peek = |i: usize| keys.keys.get(i).and_then(|k| blocks.fingerprint(k.0));
         let n = keys.keys.len();
         let mut prev = first;
         let mut prev_fp = prev.fingerprint();
         let mut pos = 1;
+        let mut streak = false;
         while pos < n && w.alive > 0 {
             // One probe: the fingerprint, and a snapshot only when the set changed.
-            let Some(changed) = blocks.read_sync(&keys.keys[pos].0, |_, h| {
-                (h.fingerprint() != prev_fp).then(|| h.snapshot())
-            }) else {
+            // While sets of several holders change block after block (a staircase), their
+            // side table first saves the main probe; inside runs the main word's fingerprint
+            // saves following the set's pointer.
+            let many = streak && matches!(prev, Snap::Many(_));
+            let Some(changed) = blocks.changed(keys.keys[pos].0, prev_fp, many) else {
                 break;
             };
             pos += 1;
+            streak = changed.is_some();
             match changed {
                 Some(snap) => {
                     w.transition(&prev, &snap, pos as u32 - 1);

@@ -72,9 +72,10 @@ impl KvIndex {
         if s.token_ids.is_empty() {
             // Offload placeholder: a location-only update for hashes already announced.
             for h in &s.block_hashes {
-                match st.engine.get(&h.to_u64()).copied() {
+                let eh = h.to_u64();
+                match st.ring.resolve(eh) {
                     Some(key) => {
-                        endpoint::add_holding(blocks, slot, st, key, tier);
+                        endpoint::add_holding(blocks, slot, st, key, tier, Some(eh));
                     }
                     None => {
                         slot.metrics.unresolved_hash.inc();
@@ -102,8 +103,8 @@ impl KvIndex {
         let extras_of = s.extra_keys.as_deref().unwrap_or(no_extras);
         let lora = s.lora_name.as_deref();
         let mut parent_key = match parent {
-            Some(p) => match st.engine.get(&p) {
-                Some(k) => BlockKey(*k),
+            Some(p) => match st.ring.resolve(p) {
+                Some(k) => BlockKey(k),
                 None => {
                     slot.metrics.unknown_parent.inc();
                     return;
@@ -122,7 +123,9 @@ impl KvIndex {
         };
         let mut buf = Vec::with_capacity(8 + 4 * rbs + 64);
         let mut extras: Vec<u64> = Vec::new();
-        let mut new_keys: Vec<u64> = Vec::with_capacity(s.token_ids.len() / rbs);
+        // Router keys in chain order, each with the engine hash that names it (the last router
+        // block an engine block covers).
+        let mut new_keys: Vec<(u64, Option<u64>)> = Vec::with_capacity(s.token_ids.len() / rbs);
         for (j, engine_block) in s.token_ids.chunks_exact(ebs).enumerate() {
             extras.clear();
             if let Some(Some(items)) = extras_of.get(j) {
@@ -130,20 +133,18 @@ impl KvIndex {
             }
             for chunk in engine_block.chunks_exact(rbs) {
                 parent_key = chain_key(parent_key, chunk, &extras, &mut buf);
-                new_keys.push(parent_key.0);
+                new_keys.push((parent_key.0, None));
             }
             // The engine hash stands for the last router block it covers (the chain parent).
-            match s.block_hashes.get(j) {
-                Some(h) => {
-                    st.engine.insert(h.to_u64(), parent_key.0);
-                }
-                None => break,
+            match (s.block_hashes.get(j), new_keys.last_mut()) {
+                (Some(h), Some(last)) => last.1 = Some(h.to_u64()),
+                _ => break,
             }
         }
         // Tails first into the LRU queue, so eviction keeps each endpoint's holdings
         // prefix-closed (what galloping lookups rely on).
-        for key in new_keys.iter().rev() {
-            endpoint::add_holding(blocks, slot, st, *key, tier);
+        for &(key, engine) in new_keys.iter().rev() {
+            endpoint::add_holding(blocks, slot, st, key, tier, engine);
         }
     }
 
@@ -160,13 +161,13 @@ impl KvIndex {
         let tier = Tier::from_medium(r.medium.as_deref());
         for h in &r.block_hashes {
             let eh = h.to_u64();
-            let Some(key) = st.engine.get(&eh).copied() else {
+            let Some(key) = st.ring.resolve(eh) else {
                 slot.metrics.unresolved_hash.inc();
                 continue;
             };
             let (_, still_held) = endpoint::remove_holding(&self.inner.blocks, slot, st, key, tier);
             if !still_held {
-                st.engine.remove(&eh);
+                st.ring.unmap(eh);
             }
         }
     }

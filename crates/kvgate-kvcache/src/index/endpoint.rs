@@ -2,20 +2,19 @@
 //! block map. All functions here run with the endpoint's state lock held, so each endpoint's
 //! holdings have a single writer.
 
-use std::collections::{HashMap, HashSet, VecDeque};
-
+use super::EndpointSlot;
 use super::holders::{Holders, Holding, REFERENCED};
-use super::{BlockMap, BuildKeyHasher, EndpointSlot};
+use super::ring::Ring;
+use super::store::BlockStore;
 use crate::event::Tier;
 
 /// Writer-side state of one endpoint.
 #[derive(Debug)]
 pub(crate) struct EndpointState {
-    /// Engine hash → router block key.
-    pub(crate) engine: HashMap<u64, u64, BuildKeyHasher>,
     /// CLOCK queue of block keys with a real holding of this endpoint (may hold stale or
-    /// duplicate keys; compacted when it grows past twice the live count).
-    pub(crate) lru: VecDeque<u64>,
+    /// duplicate keys; compacted when it grows past twice the live count), which also maps
+    /// engine hashes to router block keys.
+    pub(crate) ring: Ring,
     /// Real holdings of this endpoint.
     pub(crate) live: usize,
     /// Bound on `live`.
@@ -27,8 +26,7 @@ pub(crate) struct EndpointState {
 impl EndpointState {
     pub(crate) fn new(capacity: usize) -> Self {
         EndpointState {
-            engine: HashMap::default(),
-            lru: VecDeque::new(),
+            ring: Ring::default(),
             live: 0,
             capacity,
             ignored_groups: 0,
@@ -36,62 +34,55 @@ impl EndpointState {
     }
 
     pub(crate) fn heap_bytes(&self) -> usize {
-        // hashbrown: one control byte per bucket plus the (u64, u64) slots.
-        let engine_buckets = if self.engine.capacity() == 0 {
-            0
-        } else {
-            (self.engine.capacity() * 8 / 7).next_power_of_two()
-        };
-        engine_buckets * (16 + 1) + self.lru.capacity() * 8
+        self.ring.heap_bytes()
     }
 }
 
-/// Adds (or touches) a real holding of `key` at `tier`. Returns true when it is new.
+/// Adds (or touches) a real holding of `key` at `tier`, which `engine` names when given.
+/// Returns true when it is new.
 pub(crate) fn add_holding(
-    blocks: &BlockMap,
+    blocks: &BlockStore,
     slot: &EndpointSlot,
     st: &mut EndpointState,
     key: u64,
     tier: Tier,
+    engine: Option<u64>,
 ) -> bool {
     let ep = slot.id;
     let new = Holding::real(ep, tier);
-    let added = match blocks.entry_sync(key) {
-        scc::hash_map::Entry::Vacant(v) => {
-            v.insert_entry(Holders::One(new));
+    let added = blocks.modify(key, |cur| {
+        let Some(h) = cur else {
+            *cur = Some(Holders::One(new));
+            return true;
+        };
+        if let Some(i) = h.find(ep, tier as u8) {
+            match h.get(i) {
+                Some(x) if x.is_speculative() => {
+                    // Confirmed by a real event: becomes real.
+                    h.set(i, new);
+                    true
+                }
+                Some(mut x) => {
+                    x.flags |= REFERENCED;
+                    h.set(i, x);
+                    false
+                }
+                None => false,
+            }
+        } else {
+            // A speculative GPU holding yields to a real holding at another tier too.
+            if tier != Tier::Gpu
+                && let Some(i) = h.find(ep, Tier::Gpu as u8)
+                && h.get(i).is_some_and(|x| x.is_speculative())
+            {
+                h.remove(i);
+            }
+            h.insert(new);
             true
         }
-        scc::hash_map::Entry::Occupied(mut o) => {
-            let h = o.get_mut();
-            if let Some(i) = h.find(ep, tier as u8) {
-                match h.get(i) {
-                    Some(x) if x.is_speculative() => {
-                        // Confirmed by a real event: becomes real.
-                        h.set(i, new);
-                        true
-                    }
-                    Some(mut x) => {
-                        x.flags |= REFERENCED;
-                        h.set(i, x);
-                        false
-                    }
-                    None => false,
-                }
-            } else {
-                // A speculative GPU holding yields to a real holding at another tier too.
-                if tier != Tier::Gpu
-                    && let Some(i) = h.find(ep, Tier::Gpu as u8)
-                    && h.get(i).is_some_and(|x| x.is_speculative())
-                {
-                    h.remove(i);
-                }
-                h.insert(new);
-                true
-            }
-        }
-    };
+    });
+    st.ring.record(key, added, engine);
     if added {
-        st.lru.push_back(key);
         st.live += 1;
         slot.metrics.holdings.inc();
     }
@@ -101,7 +92,7 @@ pub(crate) fn add_holding(
 /// Removes the real holding of `key` at `tier`. Returns (removed, endpoint still holds the key
 /// at another tier).
 pub(crate) fn remove_holding(
-    blocks: &BlockMap,
+    blocks: &BlockStore,
     slot: &EndpointSlot,
     st: &mut EndpointState,
     key: u64,
@@ -110,7 +101,8 @@ pub(crate) fn remove_holding(
     let ep = slot.id;
     let mut removed = false;
     let mut still_held = false;
-    let _ = blocks.remove_if_sync(&key, |h| {
+    blocks.modify(key, |cur| {
+        let Some(h) = cur else { return };
         let mut keep = true;
         if let Some(i) = h.find(ep, tier as u8)
             && h.get(i).is_some_and(|x| !x.is_speculative())
@@ -122,7 +114,9 @@ pub(crate) fn remove_holding(
             && h.as_slice()
                 .iter()
                 .any(|x| x.ep == ep && !x.is_speculative());
-        !keep
+        if !keep {
+            *cur = None;
+        }
     });
     if removed {
         st.live = st.live.saturating_sub(1);
@@ -133,9 +127,10 @@ pub(crate) fn remove_holding(
 }
 
 /// Removes every real holding of the endpoint on `key`; returns how many.
-fn remove_all_on_key(blocks: &BlockMap, ep: u32, key: u64) -> usize {
+fn remove_all_on_key(blocks: &BlockStore, ep: u32, key: u64) -> usize {
     let mut n = 0;
-    let _ = blocks.remove_if_sync(&key, |h| {
+    blocks.modify(key, |cur| {
+        let Some(h) = cur else { return };
         let mut keep = true;
         let mut i = h.range_of(ep).start;
         while let Some(x) = h.get(i) {
@@ -152,21 +147,25 @@ fn remove_all_on_key(blocks: &BlockMap, ep: u32, key: u64) -> usize {
                 break;
             }
         }
-        !keep
+        if !keep {
+            *cur = None;
+        }
     });
     n
 }
 
 /// Evicts least-recently-used holdings (CLOCK second chance) until within capacity.
-pub(crate) fn evict_to_capacity(blocks: &BlockMap, slot: &EndpointSlot, st: &mut EndpointState) {
+pub(crate) fn evict_to_capacity(blocks: &BlockStore, slot: &EndpointSlot, st: &mut EndpointState) {
     let ep = slot.id;
     // Each key gets at most one second chance per pass, so this terminates.
-    let mut budget = st.lru.len() * 2 + 1;
+    let mut budget = st.ring.len() * 2 + 1;
     while st.live > st.capacity && budget > 0 {
         budget -= 1;
-        let Some(key) = st.lru.pop_front() else { break };
+        let Some(popped) = st.ring.pop() else { break };
+        let key = popped.key;
         let mut referenced = false;
-        let _ = blocks.update_sync(&key, |_, h| {
+        blocks.modify(key, |cur| {
+            let Some(h) = cur else { return };
             let r = h.range_of(ep);
             for i in r {
                 if let Some(mut x) = h.get(i)
@@ -179,7 +178,7 @@ pub(crate) fn evict_to_capacity(blocks: &BlockMap, slot: &EndpointSlot, st: &mut
             }
         });
         if referenced {
-            st.lru.push_back(key);
+            st.ring.requeue(popped);
             continue;
         }
         let n = remove_all_on_key(blocks, ep, key);
@@ -188,47 +187,30 @@ pub(crate) fn evict_to_capacity(blocks: &BlockMap, slot: &EndpointSlot, st: &mut
     }
     if st.live > st.capacity {
         // Only reachable when the queue lost track of holdings; resynchronize.
-        st.live = st.live.min(st.lru.len());
-    }
-    // Engine mappings of evicted keys are left to be overwritten or dropped on removal;
-    // bound the map by the same capacity.
-    if st.engine.len() > st.capacity.saturating_mul(2).max(1024) {
-        st.engine.retain(|_, key| {
-            blocks
-                .read_sync(key, |_, h| h.as_slice().iter().any(|x| x.ep == ep))
-                .unwrap_or(false)
-        });
+        st.live = st.live.min(st.ring.len());
     }
 }
 
 /// Rebuilds the CLOCK queue when stale entries dominate it.
-fn maybe_compact(blocks: &BlockMap, slot: &EndpointSlot, st: &mut EndpointState) {
-    if st.lru.len() <= st.live * 2 + 1024 {
+fn maybe_compact(blocks: &BlockStore, slot: &EndpointSlot, st: &mut EndpointState) {
+    if st.ring.len() <= st.live * 2 + 1024 {
         return;
     }
     let ep = slot.id;
-    let mut seen = HashSet::with_capacity_and_hasher(st.live, BuildKeyHasher::default());
-    st.lru.retain(|key| {
-        seen.insert(*key)
-            && blocks
-                .read_sync(key, |_, h| {
-                    h.as_slice()
-                        .iter()
-                        .any(|x| x.ep == ep && !x.is_speculative())
-                })
-                .unwrap_or(false)
+    st.ring.compact(st.live, |key| {
+        blocks
+            .read(key, |h| h.iter().any(|x| x.ep == ep && !x.is_speculative()))
+            .unwrap_or(false)
     });
-    st.lru.shrink_to(st.lru.len() * 2);
 }
 
 /// Drops every real holding and engine mapping of the endpoint.
-pub(crate) fn drop_all(blocks: &BlockMap, slot: &EndpointSlot, st: &mut EndpointState) {
+pub(crate) fn drop_all(blocks: &BlockStore, slot: &EndpointSlot, st: &mut EndpointState) {
     let ep = slot.id;
-    while let Some(key) = st.lru.pop_front() {
-        remove_all_on_key(blocks, ep, key);
+    while let Some(popped) = st.ring.pop() {
+        remove_all_on_key(blocks, ep, popped.key);
     }
-    st.lru = VecDeque::new();
-    st.engine = HashMap::default();
+    st.ring = Ring::default();
     st.live = 0;
     st.ignored_groups = 0;
     slot.metrics.holdings.set(0);

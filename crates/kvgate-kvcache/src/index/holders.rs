@@ -1,9 +1,9 @@
-//! The compact per-block holder set stored in the global block map.
+//! The per-block holder set of the global block map ([`super::store`]).
 //!
-//! Most blocks are held by one endpoint, so one holding lives inline (16 bytes for the whole
-//! value); larger sets move to a shared (`Arc`), sorted vector. Every set carries a fingerprint
-//! (XOR of a mix of each holding) so the scorer can tell in O(1) that the next block of a
-//! prompt has exactly the same holders and tiers as the previous one.
+//! Most blocks are held by one endpoint, so one holding packs into the block map's 8-byte word
+//! ([`Holding::pack`]); larger sets are a shared (`Arc`), sorted vector. Every set carries a
+//! 63-bit fingerprint (XOR of a mix of each holding) so the scorer can tell in O(1) that the
+//! next block of a prompt has exactly the same holders and tiers as the previous one.
 //!
 //! The scorer takes a [`Snap`] of a block (a copy of the inline holding, or a clone of the
 //! `Arc`), so it can compare two blocks' sets after the map's read guard is gone; writers
@@ -18,7 +18,11 @@ pub(crate) const SPECULATIVE: u8 = 1;
 /// Holding flag: touched since the endpoint's LRU clock hand last passed (second chance).
 pub(crate) const REFERENCED: u8 = 2;
 
-/// One (block, endpoint, tier) holding: 12 bytes.
+/// Endpoint ids below this pack into one word with their holding (larger ids, ~134 M
+/// registrations in, keep working through the side table).
+const PACKED_EP_LIMIT: u32 = 1 << 27;
+
+/// One (block, endpoint, tier) holding: 12 bytes, or 63 bits packed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Holding {
     pub(crate) ep: u32,
@@ -47,6 +51,27 @@ impl Holding {
         }
     }
 
+    /// The holding in the low 63 bits of a word (endpoint 27 bits, tier 2, flags 2, deadline
+    /// 32), or None when the endpoint id is too large to pack.
+    pub(crate) fn pack(&self) -> Option<u64> {
+        (self.ep < PACKED_EP_LIMIT).then(|| {
+            u64::from(self.ep)
+                | u64::from(self.tier & 3) << 27
+                | u64::from(self.flags & 3) << 29
+                | u64::from(self.deadline) << 31
+        })
+    }
+
+    /// The inverse of [`Holding::pack`] (bit 63 is ignored).
+    pub(crate) fn unpack(w: u64) -> Self {
+        Holding {
+            ep: (w & u64::from(PACKED_EP_LIMIT - 1)) as u32,
+            tier: (w >> 27 & 3) as u8,
+            flags: (w >> 29 & 3) as u8,
+            deadline: (w >> 31) as u32,
+        }
+    }
+
     pub(crate) fn is_speculative(&self) -> bool {
         self.flags & SPECULATIVE != 0
     }
@@ -58,7 +83,7 @@ impl Holding {
 
     /// Fingerprint contribution: identity, tier, and for speculative holdings the deadline
     /// (so two blocks with equal fingerprints also expire together). The REFERENCED bit is
-    /// bookkeeping and stays out.
+    /// bookkeeping and stays out. 63 bits, so a fingerprint fits beside the block map's flag.
     pub(crate) fn mix(&self) -> u64 {
         let spec = self.is_speculative();
         let x = u64::from(self.ep)
@@ -73,7 +98,7 @@ impl Holding {
         let mut z = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
         z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
         z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
+        (z ^ (z >> 31)) >> 1
     }
 
     fn order(&self) -> (u32, u8) {
@@ -121,14 +146,39 @@ pub(crate) enum Holders {
     Many(Arc<Many>),
 }
 
-#[derive(Debug, Clone)]
+/// A holder set in the block map's side table.
+#[derive(Debug, Clone, Default)]
 pub(crate) struct Many {
     fp: u64,
     /// Sorted by (endpoint, tier); at most one holding per (endpoint, tier).
     list: Vec<Holding>,
 }
 
+impl Many {
+    /// The set of one holding (one that does not pack into a word).
+    pub(crate) fn of(h: Holding) -> Self {
+        Many {
+            fp: h.mix(),
+            list: vec![h],
+        }
+    }
+
+    pub(crate) fn fp(&self) -> u64 {
+        self.fp
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.list.is_empty()
+    }
+
+    /// Heap bytes of the shared set: the `Arc` header (two counts), the set and its list.
+    pub(crate) fn heap_bytes(&self) -> usize {
+        16 + std::mem::size_of::<Many>() + self.list.capacity() * std::mem::size_of::<Holding>()
+    }
+}
+
 impl Holders {
+    #[cfg(test)]
     pub(crate) fn fingerprint(&self) -> u64 {
         match self {
             Holders::One(h) => h.mix(),
@@ -140,14 +190,6 @@ impl Holders {
         match self {
             Holders::One(h) => std::slice::from_ref(h),
             Holders::Many(m) => &m.list,
-        }
-    }
-
-    /// The lookup's copy of this set.
-    pub(crate) fn snapshot(&self) -> Snap {
-        match self {
-            Holders::One(h) => Snap::One(*h),
-            Holders::Many(m) => Snap::Many(Arc::clone(m)),
         }
     }
 
@@ -227,18 +269,6 @@ impl Holders {
             }
         }
     }
-
-    /// Heap bytes owned beyond the inline value.
-    pub(crate) fn heap_bytes(&self) -> usize {
-        match self {
-            Holders::One(_) => 0,
-            Holders::Many(m) => {
-                // Arc header (two counts) + the set.
-                16 + std::mem::size_of::<Many>()
-                    + m.list.capacity() * std::mem::size_of::<Holding>()
-            }
-        }
-    }
 }
 
 #[cfg(test)]
@@ -283,6 +313,26 @@ mod tests {
             Holders::One(Holding::speculative(3, 101)).fingerprint(),
             Holders::One(c).fingerprint()
         );
+    }
+
+    #[test]
+    fn packing_round_trips_every_field() {
+        let mut referenced = Holding::real(7, Tier::Disk);
+        referenced.flags |= REFERENCED;
+        let cases = [
+            Holding::real(0, Tier::Gpu),
+            Holding::real(PACKED_EP_LIMIT - 1, Tier::Cpu),
+            referenced,
+            Holding::speculative(5, u32::MAX),
+            Holding::speculative(PACKED_EP_LIMIT - 1, 0x8000_0001),
+        ];
+        for h in cases {
+            let w = h.pack().expect("packs");
+            assert_eq!(w >> 63, 0, "{h:?} leaves the flag bit clear");
+            assert_eq!(Holding::unpack(w), h);
+        }
+        assert_eq!(Holding::real(PACKED_EP_LIMIT, Tier::Gpu).pack(), None);
+        assert_eq!(Holding::speculative(u32::MAX, 1).pack(), None);
     }
 
     #[test]

@@ -471,9 +471,8 @@ fn naive(ix: &KvIndex, keys: &BlockKeys, cands: &[EndpointId]) -> Vec<(u32, u32,
     for c in cands {
         let (mut blocks, mut score) = (0u32, 0.0);
         for k in &keys.keys {
-            let best = ix.inner.blocks.read_sync(&k.0, |_, h| {
-                h.as_slice()
-                    .iter()
+            let best = ix.inner.blocks.read(k.0, |h| {
+                h.iter()
                     .filter(|x| x.ep == c.0 && !x.is_expired(1_000))
                     .map(|x| w.of(x.tier))
                     .fold(None, |b: Option<f64>, x| Some(b.map_or(x, |b| b.max(x))))
@@ -550,7 +549,7 @@ fn fingerprint_walk_equals_naive_walk() {
                     Tier::Disk
                 };
                 let slot = ix.slot(*e).unwrap();
-                endpoint::add_holding(&ix.inner.blocks, &slot, &mut slot.lock(), k.0, tier);
+                endpoint::add_holding(&ix.inner.blocks, &slot, &mut slot.lock(), k.0, tier, None);
                 if exact && i % 9 == 0 && next() % 2 == 0 {
                     endpoint::add_holding(
                         &ix.inner.blocks,
@@ -558,6 +557,7 @@ fn fingerprint_walk_equals_naive_walk() {
                         &mut slot.lock(),
                         k.0,
                         Tier::Gpu,
+                        None,
                     );
                 }
             }
@@ -576,5 +576,79 @@ fn fingerprint_walk_equals_naive_walk() {
             })
             .collect();
         assert_eq!(got, naive(&ix, &keys, &cands), "round {round}");
+    }
+}
+
+#[test]
+fn engine_hashes_follow_their_holdings_through_the_index_bound() {
+    // Capacity 2; prompt 101→102 stored, then 103 (child of 102) pushes the index over its
+    // bound. Tails first, so the queue's front is 102's block: it is evicted and its engine
+    // hash forgotten (a child of it could not match anyway: the walk stops at 102's block).
+    let chain = || KvEvent::BlockStored(stored(&[101, 102], None, 1..33));
+    let child = || KvEvent::BlockStored(stored(&[103], Some(102), 33..49));
+    let grandchild = || KvEvent::BlockStored(stored(&[104], Some(103), 49..65));
+    let removed = |h: u64| {
+        KvEvent::BlockRemoved(BlockRemoved {
+            block_hashes: vec![BlockHash::Int(h)],
+            medium: Some("GPU".into()),
+            ..Default::default()
+        })
+    };
+    // (name, events, holdings after, which of 101..=104 resolve)
+    type Case = (&'static str, Vec<KvEvent>, usize, [bool; 4]);
+    let cases: Vec<Case> = vec![
+        (
+            "within the bound",
+            vec![chain()],
+            2,
+            [true, true, false, false],
+        ),
+        (
+            "102 evicted by the bound",
+            vec![chain(), child()],
+            2,
+            [true, false, true, false],
+        ),
+        (
+            "101 and 102 touched first: the new 103 goes (second chance)",
+            vec![chain(), chain(), child()],
+            2,
+            [true, true, false, false],
+        ),
+        (
+            "a child of a surviving hash is indexed; 101 goes",
+            vec![chain(), child(), grandchild()],
+            2,
+            [false, false, true, true],
+        ),
+        (
+            "removal by a forgotten hash changes nothing",
+            vec![chain(), child(), removed(102)],
+            2,
+            [true, false, true, false],
+        ),
+        (
+            "removal by a known hash frees room and forgets it",
+            vec![chain(), child(), removed(103)],
+            1,
+            [true, false, false, false],
+        ),
+    ];
+    for (name, events, want_holdings, want_resolves) in cases {
+        let ix = index();
+        let a = ix.register_endpoint(EndpointSpec {
+            key: EndpointKey::new("a", 0),
+            model: M.into(),
+            block_size: 16,
+            capacity_blocks: Some(2),
+        });
+        for ev in &events {
+            ix.apply_event(a, ev);
+        }
+        assert_eq!(ix.holdings(a), want_holdings, "{name}");
+        let slot = ix.slot(a).unwrap();
+        let st = slot.lock();
+        let resolves = [101, 102, 103, 104].map(|h| st.ring.resolve(h).is_some());
+        assert_eq!(resolves, want_resolves, "{name}");
     }
 }

@@ -35,9 +35,8 @@ fn naive(ix: &KvIndex, keys: &BlockKeys, cands: &[EndpointId]) -> Vec<(u32, u32,
     for c in cands {
         let (mut blocks, mut score) = (0u32, 0.0);
         for k in &keys.keys {
-            let best = ix.inner.blocks.read_sync(&k.0, |_, h| {
-                h.as_slice()
-                    .iter()
+            let best = ix.inner.blocks.read(k.0, |h| {
+                h.iter()
                     .filter(|x| x.ep == c.0 && !x.is_expired(now))
                     .map(|x| w.of(x.tier))
                     .fold(None, |b: Option<f64>, x| Some(b.map_or(x, |b| b.max(x))))
@@ -118,7 +117,7 @@ fn walk_equals_naive_on_random_indexes() {
                     if !closed && rng.below(13) == 0 {
                         continue;
                     }
-                    endpoint::add_holding(&ix.inner.blocks, &slot, &mut st, k.0, tier);
+                    endpoint::add_holding(&ix.inner.blocks, &slot, &mut st, k.0, tier, None);
                 }
             }
         }
@@ -229,11 +228,11 @@ fn long_staircase_equals_naive() {
         let slot = ix.slot(*e).unwrap();
         let mut st = slot.lock();
         for k in &keys.keys[..(i * 128).div_ceil(300)] {
-            endpoint::add_holding(&ix.inner.blocks, &slot, &mut st, k.0, Tier::Gpu);
+            endpoint::add_holding(&ix.inner.blocks, &slot, &mut st, k.0, Tier::Gpu, None);
         }
         if i % 3 == 0 {
             for k in &keys.keys[..(i * 128 / 200).min(128)] {
-                endpoint::add_holding(&ix.inner.blocks, &slot, &mut st, k.0, Tier::Cpu);
+                endpoint::add_holding(&ix.inner.blocks, &slot, &mut st, k.0, Tier::Cpu, None);
             }
         }
     }
@@ -268,11 +267,11 @@ fn shared_prefix_cut_equals_naive() {
         // Every 61st endpoint from the 20th holds its prefix on disk only.
         let tier = if i % 61 == 20 { Tier::Disk } else { Tier::Gpu };
         for k in &keys.keys[..gpu] {
-            endpoint::add_holding(&ix.inner.blocks, &slot, &mut st, k.0, tier);
+            endpoint::add_holding(&ix.inner.blocks, &slot, &mut st, k.0, tier, None);
         }
         if i % 61 == 7 {
             for k in &keys.keys[..96] {
-                endpoint::add_holding(&ix.inner.blocks, &slot, &mut st, k.0, Tier::Cpu);
+                endpoint::add_holding(&ix.inner.blocks, &slot, &mut st, k.0, Tier::Cpu, None);
             }
         }
     }
@@ -307,7 +306,7 @@ fn every_candidate_holding_block_0_once_equals_naive() {
         let slot = ix.slot(*e).unwrap();
         let mut st = slot.lock();
         for k in &keys.keys[..1 + (i * 7) % 64] {
-            endpoint::add_holding(&ix.inner.blocks, &slot, &mut st, k.0, tiers[i % 3]);
+            endpoint::add_holding(&ix.inner.blocks, &slot, &mut st, k.0, tiers[i % 3], None);
         }
     }
     let held = &eps[..200];
@@ -360,11 +359,11 @@ fn base_cut_equals_naive() {
                 _ => (16, if i % 7 == 0 { Tier::Disk } else { Tier::Gpu }),
             };
             for k in &keys.keys[..len] {
-                endpoint::add_holding(&ix.inner.blocks, &slot, &mut st, k.0, tier);
+                endpoint::add_holding(&ix.inner.blocks, &slot, &mut st, k.0, tier, None);
             }
             if strict && i % 50 == 40 {
                 for k in &keys.keys[16..90] {
-                    endpoint::add_holding(&ix.inner.blocks, &slot, &mut st, k.0, Tier::Cpu);
+                    endpoint::add_holding(&ix.inner.blocks, &slot, &mut st, k.0, Tier::Cpu, None);
                 }
             }
         }

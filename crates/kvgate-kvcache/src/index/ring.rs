@@ -1,0 +1,327 @@
+//! An endpoint's CLOCK queue of holdings, which also resolves the engine's block hashes.
+//!
+//! One 16-byte entry per queued holding: the router block key and the engine hash that names
+//! it. A hash table of 4-byte sequence numbers finds the entry an engine hash names, where a
+//! separate engine-hash → key map and key queue cost 17 bytes a bucket plus 8 a key. The table
+//! only ever points at entries still in the queue: popping an entry unmaps it, and a second
+//! chance re-queues the mapping with the entry. Entries whose key the endpoint no longer
+//! holds stay until the hand reaches them or the queue is compacted, as in a plain CLOCK
+//! queue.
+//!
+//! A block the index evicts by its own bound takes its engine hash with it: a later removal
+//! naming that hash is counted as unresolved, and a later child of it as an unknown parent
+//! (whose blocks could not match anyway, since a lookup stops at the evicted block).
+
+use std::collections::{HashSet, VecDeque};
+use std::hash::Hasher;
+
+use hashbrown::HashTable;
+
+use super::{BuildKeyHasher, KeyHasher};
+
+#[derive(Debug, Clone, Copy)]
+struct Entry {
+    key: u64,
+    /// The engine hash naming `key`; meaningful only while the table points at this entry.
+    engine: u64,
+}
+
+/// An entry taken off the front of the queue.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Popped {
+    pub(crate) key: u64,
+    /// The engine hash the entry carried, if the table still pointed at it.
+    engine: Option<u64>,
+}
+
+/// CLOCK queue of block keys plus the engine-hash table (see the module docs).
+#[derive(Debug, Default)]
+pub(crate) struct Ring {
+    q: VecDeque<Entry>,
+    /// Sequence number of `q[0]`; sequence numbers wrap, the queue never holds 2^32 entries.
+    base: u32,
+    /// Engine hash → sequence number of the entry that carries it.
+    table: HashTable<u32>,
+}
+
+fn hash(engine: u64) -> u64 {
+    let mut h = KeyHasher::default();
+    h.write_u64(engine);
+    h.finish()
+}
+
+impl Ring {
+    /// Queued entries, stale ones included.
+    pub(crate) fn len(&self) -> usize {
+        self.q.len()
+    }
+
+    fn at(&self, seq: u32) -> Option<&Entry> {
+        self.q.get(seq.wrapping_sub(self.base) as usize)
+    }
+
+    fn find(&self, engine: u64) -> Option<u32> {
+        let q = &self.q;
+        let base = self.base;
+        self.table
+            .find(hash(engine), |&s| {
+                q.get(s.wrapping_sub(base) as usize)
+                    .is_some_and(|x| x.engine == engine)
+            })
+            .copied()
+    }
+
+    /// The block key the engine hash names.
+    pub(crate) fn resolve(&self, engine: u64) -> Option<u64> {
+        self.find(engine).and_then(|s| self.at(s)).map(|x| x.key)
+    }
+
+    fn push(&mut self, key: u64, engine: Option<u64>) {
+        let seq = self.base.wrapping_add(self.q.len() as u32);
+        self.q.push_back(Entry {
+            key,
+            engine: engine.unwrap_or(0),
+        });
+        if let Some(e) = engine {
+            let (q, base) = (&self.q, self.base);
+            self.table.insert_unique(hash(e), seq, |&s| {
+                hash(q.get(s.wrapping_sub(base) as usize).map_or(0, |x| x.engine))
+            });
+        }
+    }
+
+    /// Records a holding of `key`: `added` when the holding is new (it joins the queue), and
+    /// `engine` when an engine hash names the key (the mapping replaces any earlier one of that
+    /// hash; an entry already carrying it for this key is reused).
+    pub(crate) fn record(&mut self, key: u64, added: bool, engine: Option<u64>) {
+        let Some(e) = engine else {
+            if added {
+                self.push(key, None);
+            }
+            return;
+        };
+        if let Some(seq) = self.find(e) {
+            if self.at(seq).is_some_and(|x| x.key == key) {
+                return;
+            }
+            self.unmap_seq(e, seq);
+        }
+        self.push(key, Some(e));
+    }
+
+    fn unmap_seq(&mut self, engine: u64, seq: u32) {
+        if let Ok(o) = self.table.find_entry(hash(engine), |&s| s == seq) {
+            let _ = o.remove();
+        }
+    }
+
+    /// Forgets what `engine` names (its entry stays queued as a plain holding record).
+    pub(crate) fn unmap(&mut self, engine: u64) {
+        if let Some(seq) = self.find(engine) {
+            self.unmap_seq(engine, seq);
+        }
+    }
+
+    /// Takes the entry at the hand (the front), unmapping its engine hash.
+    pub(crate) fn pop(&mut self) -> Option<Popped> {
+        let x = self.q.pop_front()?;
+        let seq = self.base;
+        self.base = self.base.wrapping_add(1);
+        let mapped = self
+            .table
+            .find_entry(hash(x.engine), |&s| s == seq)
+            .map(|o| o.remove())
+            .is_ok();
+        Some(Popped {
+            key: x.key,
+            engine: mapped.then_some(x.engine),
+        })
+    }
+
+    /// Queues a popped entry again at the back, with its mapping (a second chance).
+    pub(crate) fn requeue(&mut self, p: Popped) {
+        self.push(p.key, p.engine);
+    }
+
+    /// Every queued key, stale and duplicate ones included.
+    pub(crate) fn keys(&self) -> impl Iterator<Item = u64> + '_ {
+        self.q.iter().map(|x| x.key)
+    }
+
+    /// Rebuilds the queue from the entries whose key `held` accepts, keeping the first entry
+    /// of each key and every entry the table points at.
+    pub(crate) fn compact(&mut self, live: usize, held: impl Fn(u64) -> bool) {
+        let mut seen = HashSet::with_capacity_and_hasher(live, BuildKeyHasher::default());
+        let old = std::mem::take(&mut self.q);
+        let old_base = self.base;
+        let old_table = std::mem::take(&mut self.table);
+        let mapped = |i: usize, engine: u64| {
+            let seq = old_base.wrapping_add(i as u32);
+            old_table.find(hash(engine), |&s| s == seq).is_some()
+        };
+        let mut kept = VecDeque::with_capacity(live.max(1));
+        let mut maps = Vec::new();
+        for (i, x) in old.iter().enumerate() {
+            let is_mapped = mapped(i, x.engine);
+            let first = seen.insert(x.key);
+            if (first || is_mapped) && held(x.key) {
+                if is_mapped {
+                    maps.push(kept.len());
+                }
+                kept.push_back(*x);
+            }
+        }
+        self.q = kept;
+        self.base = 0;
+        let q = &self.q;
+        self.table = HashTable::with_capacity(maps.len());
+        for i in maps {
+            self.table
+                .insert_unique(hash(q[i].engine), i as u32, |&s| hash(q[s as usize].engine));
+        }
+    }
+
+    /// Heap bytes of the queue and the table (one control byte per table bucket).
+    pub(crate) fn heap_bytes(&self) -> usize {
+        let buckets = if self.table.capacity() == 0 {
+            0
+        } else {
+            (self.table.capacity() * 8 / 7).next_power_of_two()
+        };
+        self.q.capacity() * std::mem::size_of::<Entry>() + buckets * (4 + 1)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ring_at(base: u32) -> Ring {
+        Ring {
+            base,
+            ..Ring::default()
+        }
+    }
+
+    fn drain(r: &mut Ring) -> Vec<(u64, Option<u64>)> {
+        std::iter::from_fn(|| r.pop().map(|p| (p.key, p.engine))).collect()
+    }
+
+    #[test]
+    fn record_maps_and_queues() {
+        // (what is recorded, the queue it leaves, what engine hash 7 resolves to)
+        type Row = (
+            &'static str,
+            Vec<(u64, bool, Option<u64>)>,
+            Vec<u64>,
+            Option<u64>,
+        );
+        let rows: Vec<Row> = vec![
+            ("new holding, no hash", vec![(1, true, None)], vec![1], None),
+            (
+                "touched holding, no hash",
+                vec![(1, false, None)],
+                vec![],
+                None,
+            ),
+            (
+                "new holding named by a hash",
+                vec![(1, true, Some(7))],
+                vec![1],
+                Some(1),
+            ),
+            (
+                "the same hash and key again reuses the entry",
+                vec![(1, true, Some(7)), (1, true, Some(7))],
+                vec![1],
+                Some(1),
+            ),
+            (
+                "a touched holding newly named gets an entry",
+                vec![(1, false, Some(7))],
+                vec![1],
+                Some(1),
+            ),
+            (
+                "a hash naming another key moves",
+                vec![(1, true, Some(7)), (2, true, Some(7))],
+                vec![1, 2],
+                Some(2),
+            ),
+            (
+                "a hash 0 is a hash like any other",
+                vec![(1, true, Some(0)), (2, true, Some(7))],
+                vec![1, 2],
+                Some(2),
+            ),
+        ];
+        for (name, ops, queue, resolved) in rows {
+            for base in [0, u32::MAX - 1] {
+                let mut r = ring_at(base);
+                for (key, added, engine) in ops.clone() {
+                    r.record(key, added, engine);
+                }
+                assert_eq!(r.resolve(7), resolved, "{name} (base {base})");
+                let keys: Vec<u64> = r.keys().collect();
+                assert_eq!(keys, queue, "{name} (base {base})");
+            }
+        }
+    }
+
+    #[test]
+    fn pop_unmaps_and_requeue_keeps_the_mapping() {
+        let mut r = ring_at(u32::MAX);
+        r.record(1, true, Some(10));
+        r.record(2, true, None);
+        r.record(3, true, Some(30));
+        let p = r.pop().unwrap();
+        assert_eq!((p.key, p.engine), (1, Some(10)));
+        assert_eq!(r.resolve(10), None, "popped entries name nothing");
+        r.requeue(p);
+        assert_eq!(r.resolve(10), Some(1), "a second chance keeps the name");
+        assert_eq!(r.resolve(30), Some(3));
+        r.unmap(30);
+        assert_eq!(r.resolve(30), None);
+        assert_eq!(
+            drain(&mut r),
+            vec![(2, None), (3, None), (1, Some(10))],
+            "FIFO across the sequence wrap; an unmapped entry stays queued"
+        );
+        assert_eq!(r.resolve(10), None);
+    }
+
+    #[test]
+    fn many_mappings_survive_table_growth() {
+        let mut r = Ring::default();
+        for k in 0..5_000u64 {
+            r.record(k, true, Some(k * 31 + 5));
+        }
+        for k in 0..5_000u64 {
+            assert_eq!(r.resolve(k * 31 + 5), Some(k), "{k}");
+        }
+        for _ in 0..2_500 {
+            let p = r.pop().unwrap();
+            r.requeue(p);
+        }
+        for k in 0..5_000u64 {
+            assert_eq!(r.resolve(k * 31 + 5), Some(k), "{k} after requeues");
+        }
+    }
+
+    #[test]
+    fn compaction_keeps_held_keys_once_and_every_mapping() {
+        let mut r = ring_at(u32::MAX - 3);
+        r.record(1, true, None);
+        r.record(2, true, Some(20));
+        r.record(1, true, None); // duplicate, unnamed: dropped
+        r.record(3, true, None); // no longer held: dropped
+        r.record(2, false, Some(21)); // duplicate, named: kept
+        r.record(4, true, Some(40)); // named but no longer held: dropped
+        r.compact(2, |k| k != 3 && k != 4);
+        assert_eq!(r.keys().collect::<Vec<_>>(), vec![1, 2, 2]);
+        assert_eq!(r.resolve(20), Some(2));
+        assert_eq!(r.resolve(21), Some(2));
+        assert_eq!(r.resolve(40), None);
+        assert_eq!(drain(&mut r), vec![(1, None), (2, Some(20)), (2, Some(21))]);
+    }
+}

@@ -1,0 +1,365 @@
+//! The global block map: block key → holder set, in two tables.
+//!
+//! Most blocks have one holder, so the main table stores one 8-byte word per block: either the
+//! holding itself, packed ([`Holding::pack`]), or, for a larger set, a flag bit and the set's
+//! 63-bit fingerprint. The sets themselves live in a side table (`Arc`, sorted), probed only
+//! when a lookup needs a set whose fingerprint differs from the previous block's. A main entry
+//! is 16 bytes where a `(key, enum)` entry was 24.
+//!
+//! Writers change a block only through [`BlockStore::modify`], which holds the main table's
+//! entry (its bucket lock) for the whole change, so writers of one block are serialized and the
+//! side table has an entry exactly when the main word says so, outside a change in progress.
+//! Readers take the main word first and the set second; a reader that finds the set gone (it
+//! shrank to one holding meanwhile) reads the main word again.
+
+use std::sync::{Arc, LazyLock};
+
+use super::BuildKeyHasher;
+use super::holders::{Holders, Holding, Many, Snap};
+
+/// Main-table flag: the holder set is in the side table; the other bits are its fingerprint.
+const MANY: u64 = 1 << 63;
+
+/// Placeholder left in the side table while a writer owns the set (under both tables' locks).
+static VACATED: LazyLock<Arc<Many>> = LazyLock::new(|| Arc::new(Many::default()));
+
+/// Block key → holders (see the module docs).
+#[derive(Debug, Default)]
+pub(crate) struct BlockStore {
+    main: scc::HashMap<u64, u64, BuildKeyHasher>,
+    many: scc::HashMap<u64, Arc<Many>, BuildKeyHasher>,
+}
+
+/// What the main word of a block says.
+enum Word {
+    One(Holding),
+    Many(u64),
+}
+
+fn word(w: u64) -> Word {
+    if w & MANY == 0 {
+        Word::One(Holding::unpack(w))
+    } else {
+        Word::Many(w & !MANY)
+    }
+}
+
+/// An emptied set counts as no set.
+fn nonempty(h: Option<Holders>) -> Option<Holders> {
+    h.filter(|h| !matches!(h, Holders::Many(m) if m.is_empty()))
+}
+
+impl BlockStore {
+    /// Distinct block keys.
+    pub(crate) fn len(&self) -> usize {
+        self.main.len()
+    }
+
+    /// Bytes of both tables' capacities and of the multi-holder sets (an estimate: scc's
+    /// bucket metadata is counted as two bytes per entry slot).
+    pub(crate) fn estimated_bytes(&self) -> usize {
+        let mut bytes = (self.main.capacity() + self.many.capacity()) * (16 + 2);
+        self.many.iter_sync(|_, m| {
+            bytes += m.heap_bytes();
+            true
+        });
+        bytes
+    }
+
+    /// The block's holder set, or None when no endpoint holds it.
+    pub(crate) fn snapshot(&self, key: u64) -> Option<Snap> {
+        loop {
+            match word(self.main.read_sync(&key, |_, w| *w)?) {
+                Word::One(h) => return Some(Snap::One(h)),
+                Word::Many(_) => {
+                    if let Some(m) = self.many.read_sync(&key, |_, m| Arc::clone(m)) {
+                        return Some(Snap::Many(m));
+                    }
+                }
+            }
+        }
+    }
+
+    /// The block's fingerprint (one probe), or None when no endpoint holds it.
+    pub(crate) fn fingerprint(&self, key: u64) -> Option<u64> {
+        self.main.read_sync(&key, |_, w| match word(*w) {
+            Word::One(h) => h.mix(),
+            Word::Many(fp) => fp,
+        })
+    }
+
+    /// None when no endpoint holds the block; Some(None) when its fingerprint is `prev_fp`;
+    /// otherwise its holder set. With `many_first` the side table is probed first: when the
+    /// caller expects a new set of several holders, that is one probe where the main word and
+    /// then the set would be two.
+    pub(crate) fn changed(&self, key: u64, prev_fp: u64, many_first: bool) -> Option<Option<Snap>> {
+        if many_first
+            && let Some(r) = self
+                .many
+                .read_sync(&key, |_, m| (m.fp() != prev_fp).then(|| Arc::clone(m)))
+        {
+            return Some(r.map(Snap::Many));
+        }
+        loop {
+            match word(self.main.read_sync(&key, |_, w| *w)?) {
+                Word::One(h) => return Some((h.mix() != prev_fp).then_some(Snap::One(h))),
+                Word::Many(fp) if fp == prev_fp => return Some(None),
+                Word::Many(_) => {
+                    if let Some(m) = self.many.read_sync(&key, |_, m| Arc::clone(m)) {
+                        return Some(Some(Snap::Many(m)));
+                    }
+                }
+            }
+        }
+    }
+
+    /// Runs `f` on the block's holdings (sorted by endpoint, tier); None when nobody holds it.
+    pub(crate) fn read<R>(&self, key: u64, f: impl FnOnce(&[Holding]) -> R) -> Option<R> {
+        self.snapshot(key).map(|s| f(s.as_slice()))
+    }
+
+    /// Changes one block's holder set: `f` gets the set (None when absent) and may replace or
+    /// clear it. Writers of the same block wait for each other.
+    pub(crate) fn modify<R>(&self, key: u64, f: impl FnOnce(&mut Option<Holders>) -> R) -> R {
+        match self.main.entry_sync(key) {
+            scc::hash_map::Entry::Vacant(v) => {
+                let mut cur = None;
+                let r = f(&mut cur);
+                if let Some(h) = nonempty(cur) {
+                    let w = self.store_new(key, h);
+                    v.insert_entry(w);
+                }
+                r
+            }
+            scc::hash_map::Entry::Occupied(mut o) => match word(*o.get()) {
+                Word::One(h) => {
+                    let mut cur = Some(Holders::One(h));
+                    let r = f(&mut cur);
+                    match nonempty(cur) {
+                        None => {
+                            let _ = o.remove();
+                        }
+                        Some(h) => *o.get_mut() = self.store_new(key, h),
+                    }
+                    r
+                }
+                Word::Many(_) => {
+                    let scc::hash_map::Entry::Occupied(mut side) = self.many.entry_sync(key) else {
+                        // Unreachable while every change goes through here; recover as empty.
+                        let mut cur = None;
+                        let r = f(&mut cur);
+                        match nonempty(cur) {
+                            None => {
+                                let _ = o.remove();
+                            }
+                            Some(h) => *o.get_mut() = self.store_new(key, h),
+                        }
+                        return r;
+                    };
+                    let set = std::mem::replace(side.get_mut(), Arc::clone(&VACATED));
+                    let mut cur = Some(Holders::Many(set));
+                    let r = f(&mut cur);
+                    match nonempty(cur) {
+                        None => {
+                            let _ = side.remove();
+                            let _ = o.remove();
+                        }
+                        Some(Holders::Many(m)) => {
+                            *o.get_mut() = MANY | m.fp();
+                            *side.get_mut() = m;
+                        }
+                        Some(Holders::One(h)) => match h.pack() {
+                            Some(w) => {
+                                let _ = side.remove();
+                                *o.get_mut() = w;
+                            }
+                            None => {
+                                let m = Arc::new(Many::of(h));
+                                *o.get_mut() = MANY | m.fp();
+                                *side.get_mut() = m;
+                            }
+                        },
+                    }
+                    r
+                }
+            },
+        }
+    }
+
+    /// The main word for a set that has no side entry yet (inserting one when needed).
+    fn store_new(&self, key: u64, h: Holders) -> u64 {
+        let m = match h {
+            Holders::One(h) => match h.pack() {
+                Some(w) => return w,
+                None => Arc::new(Many::of(h)),
+            },
+            Holders::Many(m) => m,
+        };
+        let w = MANY | m.fp();
+        let _ = self.many.upsert_sync(key, m);
+        w
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::event::Tier;
+
+    const BIG: u32 = 1 << 30; // does not pack
+
+    fn add(s: &BlockStore, key: u64, h: Holding) {
+        s.modify(key, |cur| match cur {
+            None => *cur = Some(Holders::One(h)),
+            Some(set) => set.insert(h),
+        });
+    }
+
+    fn remove(s: &BlockStore, key: u64, ep: u32) {
+        s.modify(key, |cur| {
+            if let Some(set) = cur
+                && let Some(i) = set.find(ep, Tier::Gpu as u8)
+                && !set.remove(i)
+            {
+                *cur = None;
+            }
+        });
+    }
+
+    /// (main entries, side entries, the holders' endpoints)
+    fn state(s: &BlockStore, key: u64) -> (usize, usize, Vec<u32>) {
+        let eps = s
+            .read(key, |h| h.iter().map(|x| x.ep).collect())
+            .unwrap_or_default();
+        (s.main.len(), s.many.len(), eps)
+    }
+
+    #[test]
+    fn sets_move_between_the_word_and_the_side_table() {
+        // Each row: endpoints added in order, then removed in order; the state after each step.
+        type Row = (
+            &'static str,
+            Vec<u32>,
+            Vec<u32>,
+            Vec<(usize, usize, Vec<u32>)>,
+        );
+        let rows: Vec<Row> = vec![
+            (
+                "one small id stays in the word",
+                vec![1],
+                vec![1],
+                vec![(1, 0, vec![1]), (0, 0, vec![])],
+            ),
+            (
+                "one large id goes to the side table",
+                vec![BIG],
+                vec![BIG],
+                vec![(1, 1, vec![BIG]), (0, 0, vec![])],
+            ),
+            (
+                "two holders, back to one small",
+                vec![1, 2],
+                vec![2, 1],
+                vec![
+                    (1, 0, vec![1]),
+                    (1, 1, vec![1, 2]),
+                    (1, 0, vec![1]),
+                    (0, 0, vec![]),
+                ],
+            ),
+            (
+                "two holders, back to one large",
+                vec![1, BIG],
+                vec![1, BIG],
+                vec![
+                    (1, 0, vec![1]),
+                    (1, 1, vec![1, BIG]),
+                    (1, 1, vec![BIG]),
+                    (0, 0, vec![]),
+                ],
+            ),
+        ];
+        for (name, adds, removes, want) in rows {
+            let s = BlockStore::default();
+            let mut got = Vec::new();
+            for ep in adds {
+                add(&s, 9, Holding::real(ep, Tier::Gpu));
+                got.push(state(&s, 9));
+            }
+            for ep in removes {
+                remove(&s, 9, ep);
+                got.push(state(&s, 9));
+            }
+            assert_eq!(got, want, "{name}");
+        }
+    }
+
+    #[test]
+    fn reads_agree_with_the_set() {
+        let s = BlockStore::default();
+        assert!(s.snapshot(5).is_none());
+        assert_eq!(s.fingerprint(5), None);
+        for many_first in [false, true] {
+            assert!(s.changed(5, 0, many_first).is_none());
+        }
+        for eps in [vec![3], vec![BIG], vec![3, 4], vec![3, BIG]] {
+            let s = BlockStore::default();
+            for ep in &eps {
+                add(&s, 5, Holding::speculative(*ep, 77));
+            }
+            let snap = s.snapshot(5).unwrap();
+            let want = eps
+                .iter()
+                .fold(0, |a, ep| a ^ Holding::speculative(*ep, 77).mix());
+            assert_eq!(snap.fingerprint(), want, "{eps:?}");
+            let fp = s.fingerprint(5).unwrap();
+            assert_eq!(fp, want, "{eps:?}");
+            for many_first in [false, true] {
+                assert!(
+                    matches!(s.changed(5, fp, many_first), Some(None)),
+                    "{eps:?} {many_first}"
+                );
+                let other = s.changed(5, fp ^ 1, many_first).unwrap().unwrap();
+                assert_eq!(other.as_slice(), snap.as_slice(), "{eps:?} {many_first}");
+            }
+        }
+    }
+
+    #[test]
+    fn readers_see_whole_sets_while_a_writer_reshapes_them() {
+        let s = Arc::new(BlockStore::default());
+        let one = [Holding::real(1, Tier::Gpu)];
+        let two = [Holding::real(1, Tier::Gpu), Holding::real(2, Tier::Cpu)];
+        add(&s, 1, one[0]);
+        let writer = {
+            let s = Arc::clone(&s);
+            std::thread::spawn(move || {
+                for _ in 0..20_000 {
+                    add(&s, 1, Holding::real(2, Tier::Cpu));
+                    s.modify(1, |cur| {
+                        let set = cur.as_mut().unwrap();
+                        let i = set.find(2, Tier::Cpu as u8).unwrap();
+                        assert!(set.remove(i));
+                    });
+                }
+            })
+        };
+        let mut reads = 0;
+        while reads < 1_000 || !writer.is_finished() {
+            reads += 1;
+            let snap = s.snapshot(1).expect("the block is never absent");
+            let list = snap.as_slice();
+            assert!(list == one || list == two, "{list:?}");
+            let want = list.iter().fold(0, |a, x| a ^ x.mix());
+            assert_eq!(snap.fingerprint(), want);
+            for many_first in [false, true] {
+                if let Some(Some(changed)) = s.changed(1, want ^ 1, many_first) {
+                    let list = changed.as_slice();
+                    assert!(list == one || list == two, "{list:?}");
+                }
+            }
+        }
+        writer.join().unwrap();
+        assert_eq!(s.read(1, |h| h.to_vec()).unwrap(), one);
+    }
+}
