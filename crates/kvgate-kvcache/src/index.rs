@@ -358,28 +358,31 @@ impl KvIndex {
         let mut queued = Vec::with_capacity(keys.len());
         for k in &keys.keys {
             let new = Holding::speculative(id.0, deadline);
-            let inserted = self.inner.blocks.modify(k.0, |cur| {
-                let Some(h) = cur else {
-                    *cur = Some(Holders::One(new));
-                    return true;
-                };
-                // This endpoint's holdings of the block: none, one, or more (tiers); the
-                // first two are all the match needs, without a collection per block.
-                let (first, second) = {
-                    let mut held = h.range_of(id.0).filter_map(|i| h.get(i).map(|x| (i, x)));
-                    (held.next(), held.next())
-                };
-                match (first, second) {
-                    (None, _) => {
-                        h.insert(new);
-                        true
+            let fast = self.inner.blocks.put_speculative_word(k.0, new);
+            let inserted = fast.unwrap_or_else(|| {
+                self.inner.blocks.modify(k.0, |cur| {
+                    let Some(h) = cur else {
+                        *cur = Some(Holders::One(new));
+                        return true;
+                    };
+                    // This endpoint's holdings of the block: none, one, or more (tiers); the
+                    // first two are all the match needs, without a collection per block.
+                    let (first, second) = {
+                        let mut held = h.range_of(id.0).filter_map(|i| h.get(i).map(|x| (i, x)));
+                        (held.next(), held.next())
+                    };
+                    match (first, second) {
+                        (None, _) => {
+                            h.insert(new);
+                            true
+                        }
+                        (Some((i, x)), None) if x.is_speculative() => {
+                            h.set(i, new);
+                            true
+                        }
+                        _ => false,
                     }
-                    (Some((i, x)), None) if x.is_speculative() => {
-                        h.set(i, new);
-                        true
-                    }
-                    _ => false,
-                }
+                })
             });
             if inserted {
                 queued.push((deadline, id.0, k.0));
@@ -415,6 +418,14 @@ impl KvIndex {
             let Some((deadline, ep, key)) = next else {
                 break;
             };
+            match self.inner.blocks.remove_speculative_word(key, ep, deadline) {
+                Some(true) => {
+                    removed += 1;
+                    continue;
+                }
+                Some(false) => continue,
+                None => {}
+            }
             self.inner.blocks.modify(key, |cur| {
                 if let Some(h) = cur
                     && let Some(i) = h.find(ep, Tier::Gpu as u8)

@@ -118,6 +118,50 @@ impl BlockStore {
         self.snapshot(key).map(|s| f(s.as_slice()))
     }
 
+    /// The word-only cases of a speculative insertion of `new`: Some(true) when the block had
+    /// no holder or only `new`'s endpoint's speculative holding (now `new`), Some(false) when
+    /// its only holder is that endpoint for real; None when the set must be changed through
+    /// [`BlockStore::modify`] (other holders, or an endpoint id that does not pack).
+    pub(crate) fn put_speculative_word(&self, key: u64, new: Holding) -> Option<bool> {
+        let w = new.pack()?;
+        match self.main.entry_sync(key) {
+            scc::hash_map::Entry::Vacant(v) => {
+                v.insert_entry(w);
+                Some(true)
+            }
+            scc::hash_map::Entry::Occupied(mut o) => match word(*o.get()) {
+                Word::One(h) if h.ep == new.ep && h.is_speculative() => {
+                    *o.get_mut() = w;
+                    Some(true)
+                }
+                Word::One(h) if h.ep == new.ep => Some(false),
+                _ => None,
+            },
+        }
+    }
+
+    /// The word-only cases of removing `ep`'s speculative GPU holding with `deadline`: Some(true)
+    /// when it was the block's only holding (the block is gone), Some(false) when the block's one
+    /// holding is another or the block is absent; None when it has a set of several holders.
+    pub(crate) fn remove_speculative_word(&self, key: u64, ep: u32, deadline: u32) -> Option<bool> {
+        match self.main.entry_sync(key) {
+            scc::hash_map::Entry::Vacant(_) => Some(false),
+            scc::hash_map::Entry::Occupied(o) => match word(*o.get()) {
+                Word::One(h) => {
+                    let ours = h.ep == ep
+                        && h.is_speculative()
+                        && h.tier == crate::event::Tier::Gpu as u8
+                        && h.deadline == deadline;
+                    if ours {
+                        let _ = o.remove();
+                    }
+                    Some(ours)
+                }
+                Word::Many(_) => None,
+            },
+        }
+    }
+
     /// Changes one block's holder set: `f` gets the set (None when absent) and may replace or
     /// clear it. Writers of the same block wait for each other.
     pub(crate) fn modify<R>(&self, key: u64, f: impl FnOnce(&mut Option<Holders>) -> R) -> R {
@@ -291,6 +335,52 @@ mod tests {
                 got.push(state(&s, 9));
             }
             assert_eq!(got, want, "{name}");
+        }
+    }
+
+    #[test]
+    fn speculative_word_paths_decide_or_defer() {
+        let spec = |ep, d| Holding::speculative(ep, d);
+        let real = |ep| Holding::real(ep, Tier::Gpu);
+        // (name, holders before, what put_speculative_word(spec(1, 9)) says, holders after)
+        type Put = (&'static str, Vec<Holding>, Option<bool>, Vec<Holding>);
+        let puts: Vec<Put> = vec![
+            ("no holder", vec![], Some(true), vec![spec(1, 9)]),
+            ("own speculative", vec![spec(1, 5)], Some(true), vec![spec(1, 9)]),
+            ("own real", vec![real(1)], Some(false), vec![real(1)]),
+            ("another endpoint", vec![real(2)], None, vec![real(2)]),
+            ("a set", vec![spec(1, 5), real(2)], None, vec![spec(1, 5), real(2)]),
+        ];
+        for (name, before, want, after) in puts {
+            let s = BlockStore::default();
+            for h in &before {
+                add(&s, 4, *h);
+            }
+            assert_eq!(s.put_speculative_word(4, spec(1, 9)), want, "{name}");
+            let got = s.read(4, |h| h.to_vec()).unwrap_or_default();
+            assert_eq!(got, after, "{name}");
+        }
+        let big = BlockStore::default();
+        assert_eq!(big.put_speculative_word(4, spec(BIG, 9)), None, "large ids defer");
+        assert_eq!(big.len(), 0);
+        // (name, holders before, what remove_speculative_word(4, ep 1, deadline 9) says, after)
+        let removes: Vec<Put> = vec![
+            ("no holder", vec![], Some(false), vec![]),
+            ("own speculative, same deadline", vec![spec(1, 9)], Some(true), vec![]),
+            ("own speculative, renewed", vec![spec(1, 10)], Some(false), vec![spec(1, 10)]),
+            ("own real", vec![real(1)], Some(false), vec![real(1)]),
+            ("another endpoint", vec![spec(2, 9)], Some(false), vec![spec(2, 9)]),
+            ("a set", vec![spec(1, 9), real(2)], None, vec![spec(1, 9), real(2)]),
+        ];
+        for (name, before, want, after) in removes {
+            let s = BlockStore::default();
+            for h in &before {
+                add(&s, 4, *h);
+            }
+            assert_eq!(s.remove_speculative_word(4, 1, 9), want, "{name}");
+            let got = s.read(4, |h| h.to_vec()).unwrap_or_default();
+            assert_eq!(got, after, "{name}");
+            assert_eq!(s.len(), usize::from(!after.is_empty()), "{name}");
         }
     }
 
