@@ -346,10 +346,20 @@ mod tests {
         type Put = (&'static str, Vec<Holding>, Option<bool>, Vec<Holding>);
         let puts: Vec<Put> = vec![
             ("no holder", vec![], Some(true), vec![spec(1, 9)]),
-            ("own speculative", vec![spec(1, 5)], Some(true), vec![spec(1, 9)]),
+            (
+                "own speculative",
+                vec![spec(1, 5)],
+                Some(true),
+                vec![spec(1, 9)],
+            ),
             ("own real", vec![real(1)], Some(false), vec![real(1)]),
             ("another endpoint", vec![real(2)], None, vec![real(2)]),
-            ("a set", vec![spec(1, 5), real(2)], None, vec![spec(1, 5), real(2)]),
+            (
+                "a set",
+                vec![spec(1, 5), real(2)],
+                None,
+                vec![spec(1, 5), real(2)],
+            ),
         ];
         for (name, before, want, after) in puts {
             let s = BlockStore::default();
@@ -361,16 +371,40 @@ mod tests {
             assert_eq!(got, after, "{name}");
         }
         let big = BlockStore::default();
-        assert_eq!(big.put_speculative_word(4, spec(BIG, 9)), None, "large ids defer");
+        assert_eq!(
+            big.put_speculative_word(4, spec(BIG, 9)),
+            None,
+            "large ids defer"
+        );
         assert_eq!(big.len(), 0);
         // (name, holders before, what remove_speculative_word(4, ep 1, deadline 9) says, after)
         let removes: Vec<Put> = vec![
             ("no holder", vec![], Some(false), vec![]),
-            ("own speculative, same deadline", vec![spec(1, 9)], Some(true), vec![]),
-            ("own speculative, renewed", vec![spec(1, 10)], Some(false), vec![spec(1, 10)]),
+            (
+                "own speculative, same deadline",
+                vec![spec(1, 9)],
+                Some(true),
+                vec![],
+            ),
+            (
+                "own speculative, renewed",
+                vec![spec(1, 10)],
+                Some(false),
+                vec![spec(1, 10)],
+            ),
             ("own real", vec![real(1)], Some(false), vec![real(1)]),
-            ("another endpoint", vec![spec(2, 9)], Some(false), vec![spec(2, 9)]),
-            ("a set", vec![spec(1, 9), real(2)], None, vec![spec(1, 9), real(2)]),
+            (
+                "another endpoint",
+                vec![spec(2, 9)],
+                Some(false),
+                vec![spec(2, 9)],
+            ),
+            (
+                "a set",
+                vec![spec(1, 9), real(2)],
+                None,
+                vec![spec(1, 9), real(2)],
+            ),
         ];
         for (name, before, want, after) in removes {
             let s = BlockStore::default();

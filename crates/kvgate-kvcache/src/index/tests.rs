@@ -28,6 +28,16 @@ fn ep(ix: &KvIndex, name: &str) -> EndpointId {
     })
 }
 
+/// An endpoint whose holdings the index bounds at `capacity`.
+fn bounded_ep(ix: &KvIndex, name: &str, capacity: usize) -> EndpointId {
+    ix.register_endpoint(EndpointSpec {
+        key: EndpointKey::new(name, 0),
+        model: M.into(),
+        block_size: 16,
+        capacity_blocks: Some(capacity),
+    })
+}
+
 fn stored(hashes: &[u64], parent: Option<u64>, tokens: std::ops::Range<u32>) -> BlockStored {
     BlockStored {
         block_hashes: hashes.iter().map(|h| BlockHash::Int(*h)).collect(),
@@ -404,12 +414,7 @@ fn speculative_insertion_over_existing_holdings() {
 #[test]
 fn approximate_mode_lru() {
     let ix = index();
-    let a = ix.register_endpoint(EndpointSpec {
-        key: EndpointKey::new("a", 0),
-        model: M.into(),
-        block_size: 16,
-        capacity_blocks: Some(4),
-    });
+    let a = bounded_ep(&ix, "a", 4);
     let prompt = |base: u32| {
         block_keys(
             &(base..base + 32).collect::<Vec<_>>(),
@@ -636,12 +641,7 @@ fn engine_hashes_follow_their_holdings_through_the_index_bound() {
     ];
     for (name, events, want_holdings, want_resolves) in cases {
         let ix = index();
-        let a = ix.register_endpoint(EndpointSpec {
-            key: EndpointKey::new("a", 0),
-            model: M.into(),
-            block_size: 16,
-            capacity_blocks: Some(2),
-        });
+        let a = bounded_ep(&ix, "a", 2);
         for ev in &events {
             ix.apply_event(a, ev);
         }
