@@ -10,7 +10,7 @@
 //! entry (its bucket lock) for the whole change, so writers of one block are serialized and the
 //! side table has an entry exactly when the main word says so, outside a change in progress.
 //! Readers take the main word first and the set second; a reader that finds the set gone (it
-//! shrank to one holding meanwhile) reads the main word again.
+//! shrank to one holding meanwhile) reads the main word again, a bounded number of times.
 
 use std::sync::{Arc, LazyLock};
 
@@ -19,6 +19,10 @@ use super::holders::{Holders, Holding, Many, Snap};
 
 /// Main-table flag: the holder set is in the side table; the other bits are its fingerprint.
 const MANY: u64 = 1 << 63;
+
+/// Word-then-set reads retried this often when the set vanished in between (a writer shrank
+/// it to one holding); past that the block reads as unheld rather than spin.
+const READ_ATTEMPTS: usize = 8;
 
 /// Placeholder left in the side table while a writer owns the set (under both tables' locks).
 static VACATED: LazyLock<Arc<Many>> = LazyLock::new(|| Arc::new(Many::default()));
@@ -68,7 +72,7 @@ impl BlockStore {
 
     /// The block's holder set, or None when no endpoint holds it.
     pub(crate) fn snapshot(&self, key: u64) -> Option<Snap> {
-        loop {
+        for _ in 0..READ_ATTEMPTS {
             match word(self.main.read_sync(&key, |_, w| *w)?) {
                 Word::One(h) => return Some(Snap::One(h)),
                 Word::Many(_) => {
@@ -78,6 +82,7 @@ impl BlockStore {
                 }
             }
         }
+        None
     }
 
     /// The block's fingerprint (one probe), or None when no endpoint holds it.
@@ -100,7 +105,7 @@ impl BlockStore {
         {
             return Some(r.map(Snap::Many));
         }
-        loop {
+        for _ in 0..READ_ATTEMPTS {
             match word(self.main.read_sync(&key, |_, w| *w)?) {
                 Word::One(h) => return Some((h.mix() != prev_fp).then_some(Snap::One(h))),
                 Word::Many(fp) if fp == prev_fp => return Some(None),
@@ -111,6 +116,7 @@ impl BlockStore {
                 }
             }
         }
+        None
     }
 
     /// Runs `f` on the block's holdings (sorted by endpoint, tier); None when nobody holds it.
@@ -416,6 +422,18 @@ mod tests {
             assert_eq!(got, after, "{name}");
             assert_eq!(s.len(), usize::from(!after.is_empty()), "{name}");
         }
+    }
+
+    #[test]
+    fn a_word_without_its_set_reads_as_unheld_and_a_write_repairs_it() {
+        let s = BlockStore::default();
+        let _ = s.main.insert_sync(7, MANY | 5);
+        assert!(s.snapshot(7).is_none());
+        assert!(s.changed(7, 0, false).is_none());
+        assert!(s.changed(7, 0, true).is_none());
+        assert_eq!(s.fingerprint(7), Some(5), "the word alone still answers");
+        add(&s, 7, Holding::real(3, Tier::Gpu));
+        assert_eq!(state(&s, 7), (1, 0, vec![3]));
     }
 
     #[test]
