@@ -367,14 +367,18 @@ mod tests {
                 vec![spec(1, 5), real(2)],
             ),
         ];
-        for (name, before, want, after) in puts {
+        let filled = |before: &[Holding]| {
             let s = BlockStore::default();
-            for h in &before {
+            for h in before {
                 add(&s, 4, *h);
             }
+            s
+        };
+        let holders = |s: &BlockStore| s.read(4, |h| h.to_vec()).unwrap_or_default();
+        for (name, before, want, after) in puts {
+            let s = filled(&before);
             assert_eq!(s.put_speculative_word(4, spec(1, 9)), want, "{name}");
-            let got = s.read(4, |h| h.to_vec()).unwrap_or_default();
-            assert_eq!(got, after, "{name}");
+            assert_eq!(holders(&s), after, "{name}");
         }
         let big = BlockStore::default();
         assert_eq!(
@@ -413,13 +417,9 @@ mod tests {
             ),
         ];
         for (name, before, want, after) in removes {
-            let s = BlockStore::default();
-            for h in &before {
-                add(&s, 4, *h);
-            }
+            let s = filled(&before);
             assert_eq!(s.remove_speculative_word(4, 1, 9), want, "{name}");
-            let got = s.read(4, |h| h.to_vec()).unwrap_or_default();
-            assert_eq!(got, after, "{name}");
+            assert_eq!(holders(&s), after, "{name}");
             assert_eq!(s.len(), usize::from(!after.is_empty()), "{name}");
         }
     }
