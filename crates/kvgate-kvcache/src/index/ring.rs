@@ -1,8 +1,9 @@
 //! An endpoint's CLOCK queue of holdings, which also resolves the engine's block hashes.
 //!
-//! One 16-byte entry per queued holding: the router block key and the engine hash that names
-//! it. A hash table of 4-byte sequence numbers finds the entry an engine hash names, where a
-//! separate engine-hash → key map and key queue cost 17 bytes a bucket plus 8 a key. The table
+//! One entry per queued holding: the router block key and, once the endpoint's events name
+//! blocks, the engine hash that names it (8 or 16 bytes). A hash table of 4-byte sequence
+//! numbers finds the entry an engine hash names, where a separate engine-hash → key map and
+//! key queue cost 17 bytes a bucket plus 8 a key. The table
 //! only ever points at entries still in the queue: popping an entry unmaps it, and a second
 //! chance re-queues the mapping with the entry. Entries whose key the endpoint no longer
 //! holds stay until the hand reaches them or the queue is compacted, as in a plain CLOCK
@@ -19,13 +20,6 @@ use hashbrown::HashTable;
 
 use super::{BuildKeyHasher, KeyHasher};
 
-#[derive(Debug, Clone, Copy)]
-struct Entry {
-    key: u64,
-    /// The engine hash naming `key`; meaningful only while the table points at this entry.
-    engine: u64,
-}
-
 /// An entry taken off the front of the queue.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Popped {
@@ -37,8 +31,13 @@ pub(crate) struct Popped {
 /// CLOCK queue of block keys plus the engine-hash table (see the module docs).
 #[derive(Debug, Default)]
 pub(crate) struct Ring {
-    q: VecDeque<Entry>,
-    /// Sequence number of `q[0]`; sequence numbers wrap, the queue never holds 2^32 entries.
+    keys: VecDeque<u64>,
+    /// The engine hash carried by each queued entry, parallel to `keys` and meaningful only
+    /// while the table points at the entry; empty until the first engine hash is recorded, so
+    /// endpoints that never name blocks (approximate routing) pay 8 bytes an entry, not 16.
+    engines: VecDeque<u64>,
+    /// Sequence number of the front entry; sequence numbers wrap, the queue never holds 2^32
+    /// entries.
     base: u32,
     /// Engine hash → sequence number of the entry that carries it.
     table: HashTable<u32>,
@@ -50,42 +49,49 @@ fn hash(engine: u64) -> u64 {
     h.finish()
 }
 
+/// The engine hash at queue position `i` (0 where none was ever recorded).
+fn engine_at(engines: &VecDeque<u64>, i: usize) -> u64 {
+    engines.get(i).copied().unwrap_or(0)
+}
+
 impl Ring {
     /// Queued entries, stale ones included.
     pub(crate) fn len(&self) -> usize {
-        self.q.len()
+        self.keys.len()
     }
 
-    fn at(&self, seq: u32) -> Option<&Entry> {
-        self.q.get(seq.wrapping_sub(self.base) as usize)
+    fn index(&self, seq: u32) -> usize {
+        seq.wrapping_sub(self.base) as usize
     }
 
     fn find(&self, engine: u64) -> Option<u32> {
-        let q = &self.q;
-        let base = self.base;
+        let (engines, base) = (&self.engines, self.base);
         self.table
             .find(hash(engine), |&s| {
-                q.get(s.wrapping_sub(base) as usize)
-                    .is_some_and(|x| x.engine == engine)
+                engines.get(s.wrapping_sub(base) as usize) == Some(&engine)
             })
             .copied()
     }
 
     /// The block key the engine hash names.
     pub(crate) fn resolve(&self, engine: u64) -> Option<u64> {
-        self.find(engine).and_then(|s| self.at(s)).map(|x| x.key)
+        let seq = self.find(engine)?;
+        self.keys.get(self.index(seq)).copied()
     }
 
     fn push(&mut self, key: u64, engine: Option<u64>) {
-        let seq = self.base.wrapping_add(self.q.len() as u32);
-        self.q.push_back(Entry {
-            key,
-            engine: engine.unwrap_or(0),
-        });
+        let seq = self.base.wrapping_add(self.keys.len() as u32);
+        if engine.is_some() && self.engines.len() != self.keys.len() {
+            self.engines.resize(self.keys.len(), 0);
+        }
+        self.keys.push_back(key);
+        if !self.engines.is_empty() || engine.is_some() {
+            self.engines.push_back(engine.unwrap_or(0));
+        }
         if let Some(e) = engine {
-            let (q, base) = (&self.q, self.base);
+            let (engines, base) = (&self.engines, self.base);
             self.table.insert_unique(hash(e), seq, |&s| {
-                hash(q.get(s.wrapping_sub(base) as usize).map_or(0, |x| x.engine))
+                hash(engine_at(engines, s.wrapping_sub(base) as usize))
             });
         }
     }
@@ -101,7 +107,7 @@ impl Ring {
             return;
         };
         if let Some(seq) = self.find(e) {
-            if self.at(seq).is_some_and(|x| x.key == key) {
+            if self.keys.get(self.index(seq)) == Some(&key) {
                 return;
             }
             self.unmap_seq(e, seq);
@@ -124,18 +130,17 @@ impl Ring {
 
     /// Takes the entry at the hand (the front), unmapping its engine hash.
     pub(crate) fn pop(&mut self) -> Option<Popped> {
-        let x = self.q.pop_front()?;
+        let key = self.keys.pop_front()?;
+        let engine = self.engines.pop_front();
         let seq = self.base;
         self.base = self.base.wrapping_add(1);
-        let mapped = self
-            .table
-            .find_entry(hash(x.engine), |&s| s == seq)
-            .map(|o| o.remove())
-            .is_ok();
-        Some(Popped {
-            key: x.key,
-            engine: mapped.then_some(x.engine),
-        })
+        let engine = engine.filter(|e| {
+            self.table
+                .find_entry(hash(*e), |&s| s == seq)
+                .map(|o| o.remove())
+                .is_ok()
+        });
+        Some(Popped { key, engine })
     }
 
     /// Queues a popped entry again at the back, with its mapping (a second chance).
@@ -145,50 +150,55 @@ impl Ring {
 
     /// Every queued key, stale and duplicate ones included.
     pub(crate) fn keys(&self) -> impl Iterator<Item = u64> + '_ {
-        self.q.iter().map(|x| x.key)
+        self.keys.iter().copied()
     }
 
     /// Rebuilds the queue from the entries whose key `held` accepts, keeping the first entry
     /// of each key and every entry the table points at.
     pub(crate) fn compact(&mut self, live: usize, held: impl Fn(u64) -> bool) {
         let mut seen = HashSet::with_capacity_and_hasher(live, BuildKeyHasher::default());
-        let old = std::mem::take(&mut self.q);
+        let old_keys = std::mem::take(&mut self.keys);
+        let old_engines = std::mem::take(&mut self.engines);
         let old_base = self.base;
         let old_table = std::mem::take(&mut self.table);
-        let mapped = |i: usize, engine: u64| {
-            let seq = old_base.wrapping_add(i as u32);
-            old_table.find(hash(engine), |&s| s == seq).is_some()
-        };
         let mut kept = VecDeque::with_capacity(live.max(1));
         let mut maps = Vec::new();
-        for (i, x) in old.iter().enumerate() {
-            let is_mapped = mapped(i, x.engine);
-            let first = seen.insert(x.key);
-            if (first || is_mapped) && held(x.key) {
+        for (i, key) in old_keys.iter().copied().enumerate() {
+            let seq = old_base.wrapping_add(i as u32);
+            let engine = engine_at(&old_engines, i);
+            let is_mapped =
+                !old_engines.is_empty() && old_table.find(hash(engine), |&s| s == seq).is_some();
+            let first = seen.insert(key);
+            if (first || is_mapped) && held(key) {
                 if is_mapped {
-                    maps.push(kept.len());
+                    maps.push((kept.len(), engine));
                 }
-                kept.push_back(*x);
+                kept.push_back((key, engine));
             }
         }
-        self.q = kept;
+        self.keys = kept.iter().map(|&(k, _)| k).collect();
+        self.engines = if maps.is_empty() {
+            VecDeque::new()
+        } else {
+            kept.iter().map(|&(_, e)| e).collect()
+        };
         self.base = 0;
-        let q = &self.q;
+        let engines = &self.engines;
         self.table = HashTable::with_capacity(maps.len());
-        for i in maps {
+        for (i, e) in maps {
             self.table
-                .insert_unique(hash(q[i].engine), i as u32, |&s| hash(q[s as usize].engine));
+                .insert_unique(hash(e), i as u32, |&s| hash(engine_at(engines, s as usize)));
         }
     }
 
-    /// Heap bytes of the queue and the table (one control byte per table bucket).
+    /// Heap bytes of the queues and the table (one control byte per table bucket).
     pub(crate) fn heap_bytes(&self) -> usize {
         let buckets = if self.table.capacity() == 0 {
             0
         } else {
             (self.table.capacity() * 8 / 7).next_power_of_two()
         };
-        self.q.capacity() * std::mem::size_of::<Entry>() + buckets * (4 + 1)
+        (self.keys.capacity() + self.engines.capacity()) * 8 + buckets * (4 + 1)
     }
 }
 
@@ -288,6 +298,47 @@ mod tests {
             "FIFO across the sequence wrap; an unmapped entry stays queued"
         );
         assert_eq!(r.resolve(10), None);
+    }
+
+    #[test]
+    fn unnamed_entries_cost_one_word_until_a_hash_is_recorded() {
+        let mut r = Ring::default();
+        for k in 1..=4 {
+            r.record(k, true, None);
+        }
+        assert!(r.engines.is_empty());
+        assert_eq!(r.heap_bytes(), r.keys.capacity() * 8);
+        r.record(5, true, Some(0));
+        r.record(6, true, None);
+        assert_eq!(
+            r.engines.len(),
+            r.keys.len(),
+            "parallel once a hash is recorded"
+        );
+        assert_eq!(
+            r.resolve(0),
+            Some(5),
+            "hash 0 names block 5, not the unnamed entries"
+        );
+        assert_eq!(
+            drain(&mut r),
+            vec![
+                (1, None),
+                (2, None),
+                (3, None),
+                (4, None),
+                (5, Some(0)),
+                (6, None)
+            ]
+        );
+        r.record(7, true, None);
+        r.record(8, true, Some(80));
+        r.compact(2, |k| k != 8);
+        assert!(
+            r.engines.is_empty(),
+            "no mapping survived: back to one word"
+        );
+        assert_eq!(r.keys().collect::<Vec<_>>(), vec![7]);
     }
 
     #[test]
