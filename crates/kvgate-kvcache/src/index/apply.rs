@@ -167,7 +167,7 @@ impl KvIndex {
             };
             let (_, still_held) = endpoint::remove_holding(&self.inner.blocks, slot, st, key, tier);
             if !still_held {
-                st.ring.unmap(eh);
+                st.ring.forget(eh);
             }
         }
     }

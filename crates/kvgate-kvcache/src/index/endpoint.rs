@@ -197,11 +197,7 @@ fn maybe_compact(blocks: &BlockStore, slot: &EndpointSlot, st: &mut EndpointStat
         return;
     }
     let ep = slot.id;
-    st.ring.compact(st.live, |key| {
-        blocks
-            .read(key, |h| h.iter().any(|x| x.ep == ep && !x.is_speculative()))
-            .unwrap_or(false)
-    });
+    st.ring.compact(st.live, |key| blocks.holds_real(key, ep));
 }
 
 /// Drops every real holding and engine mapping of the endpoint.

@@ -171,6 +171,11 @@ impl Many {
         self.list.is_empty()
     }
 
+    /// The holdings, sorted by (endpoint, tier).
+    pub(crate) fn holdings(&self) -> &[Holding] {
+        &self.list
+    }
+
     /// Heap bytes of the shared set: the `Arc` header (two counts), the set and its list.
     pub(crate) fn heap_bytes(&self) -> usize {
         16 + std::mem::size_of::<Many>() + self.list.capacity() * std::mem::size_of::<Holding>()

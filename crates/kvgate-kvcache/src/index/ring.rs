@@ -121,10 +121,17 @@ impl Ring {
         }
     }
 
-    /// Forgets what `engine` names (its entry stays queued as a plain holding record).
-    pub(crate) fn unmap(&mut self, engine: u64) {
-        if let Some(seq) = self.find(engine) {
-            self.unmap_seq(engine, seq);
+    /// Forgets what `engine` names, whose block the endpoint no longer holds. Its entry is
+    /// dropped at once when it is at the front (engines evict in about the order blocks were
+    /// queued, tails first, so removals mostly reach the front); elsewhere it stays as a stale
+    /// record until the hand or a compaction reaches it.
+    pub(crate) fn forget(&mut self, engine: u64) {
+        let Some(seq) = self.find(engine) else { return };
+        self.unmap_seq(engine, seq);
+        if seq == self.base {
+            self.keys.pop_front();
+            self.engines.pop_front();
+            self.base = self.base.wrapping_add(1);
         }
     }
 
@@ -153,41 +160,51 @@ impl Ring {
         self.keys.iter().copied()
     }
 
-    /// Rebuilds the queue from the entries whose key `held` accepts, keeping the first entry
-    /// of each key and every entry the table points at.
+    /// Compacts the queue in place to the entries whose key `held` accepts, keeping the first
+    /// entry of each key and every entry the table points at (their order unchanged).
     pub(crate) fn compact(&mut self, live: usize, held: impl Fn(u64) -> bool) {
-        let mut seen = HashSet::with_capacity_and_hasher(live, BuildKeyHasher::default());
-        let old_keys = std::mem::take(&mut self.keys);
-        let old_engines = std::mem::take(&mut self.engines);
-        let old_base = self.base;
-        let old_table = std::mem::take(&mut self.table);
-        let mut kept = VecDeque::with_capacity(live.max(1));
-        let mut maps = Vec::new();
-        for (i, key) in old_keys.iter().copied().enumerate() {
-            let seq = old_base.wrapping_add(i as u32);
-            let engine = engine_at(&old_engines, i);
-            let is_mapped =
-                !old_engines.is_empty() && old_table.find(hash(engine), |&s| s == seq).is_some();
-            let first = seen.insert(key);
-            if (first || is_mapped) && held(key) {
-                if is_mapped {
-                    maps.push((kept.len(), engine));
-                }
-                kept.push_back((key, engine));
+        let len = self.keys.len();
+        // The queue positions the table points at, found in one pass over the table.
+        let mut mapped = vec![false; if self.table.is_empty() { 0 } else { len }];
+        for &seq in self.table.iter() {
+            if let Some(m) = mapped.get_mut(self.index(seq)) {
+                *m = true;
             }
         }
-        self.keys = kept.iter().map(|&(k, _)| k).collect();
-        self.engines = if maps.is_empty() {
-            VecDeque::new()
-        } else {
-            kept.iter().map(|&(_, e)| e).collect()
-        };
+        let named = !self.engines.is_empty();
+        let mut seen = HashSet::with_capacity_and_hasher(live, BuildKeyHasher::default());
+        let mut kept = 0;
+        for i in 0..len {
+            let key = self.keys[i];
+            let is_mapped = mapped.get(i).copied().unwrap_or(false);
+            if (seen.insert(key) || is_mapped) && held(key) {
+                self.keys.swap(kept, i);
+                if named {
+                    self.engines.swap(kept, i);
+                }
+                if let Some(m) = mapped.get_mut(kept) {
+                    *m = is_mapped;
+                }
+                kept += 1;
+            }
+        }
+        self.keys.truncate(kept);
+        self.keys.shrink_to(kept * 2);
         self.base = 0;
+        mapped.truncate(kept);
+        // The table keeps its allocation: the queue grows back to its size.
+        self.table.clear();
+        if !mapped.contains(&true) {
+            self.engines = VecDeque::new();
+            return;
+        }
+        self.engines.truncate(kept);
+        self.engines.shrink_to(kept * 2);
         let engines = &self.engines;
-        self.table = HashTable::with_capacity(maps.len());
-        for (i, e) in maps {
-            self.table
-                .insert_unique(hash(e), i as u32, |&s| hash(engine_at(engines, s as usize)));
+        for (i, _) in mapped.iter().enumerate().filter(|(_, m)| **m) {
+            self.table.insert_unique(hash(engines[i]), i as u32, |&s| {
+                hash(engine_at(engines, s as usize))
+            });
         }
     }
 
@@ -290,12 +307,12 @@ mod tests {
         r.requeue(p);
         assert_eq!(r.resolve(10), Some(1), "a second chance keeps the name");
         assert_eq!(r.resolve(30), Some(3));
-        r.unmap(30);
+        r.forget(30);
         assert_eq!(r.resolve(30), None);
         assert_eq!(
             drain(&mut r),
             vec![(2, None), (3, None), (1, Some(10))],
-            "FIFO across the sequence wrap; an unmapped entry stays queued"
+            "FIFO across the sequence wrap; a forgotten entry off the front stays queued"
         );
         assert_eq!(r.resolve(10), None);
     }
@@ -339,6 +356,28 @@ mod tests {
             "no mapping survived: back to one word"
         );
         assert_eq!(r.keys().collect::<Vec<_>>(), vec![7]);
+    }
+
+    #[test]
+    fn a_forgotten_front_entry_leaves_the_queue() {
+        let mut r = ring_at(u32::MAX);
+        r.record(1, true, Some(10));
+        r.record(2, true, Some(20));
+        r.record(3, true, Some(30));
+        r.forget(10);
+        assert_eq!(r.keys().collect::<Vec<_>>(), vec![2, 3], "front: dropped");
+        r.forget(30);
+        assert_eq!(
+            r.keys().collect::<Vec<_>>(),
+            vec![2, 3],
+            "not the front: stays"
+        );
+        assert_eq!((r.resolve(20), r.resolve(30)), (Some(2), None));
+        r.forget(20);
+        assert_eq!(r.keys().collect::<Vec<_>>(), vec![3]);
+        assert_eq!(drain(&mut r), vec![(3, None)]);
+        r.forget(99);
+        assert_eq!(r.len(), 0);
     }
 
     #[test]

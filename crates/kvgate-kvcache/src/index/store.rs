@@ -119,6 +119,20 @@ impl BlockStore {
         None
     }
 
+    /// True when `ep` holds the block for real (at any tier): one probe for a single holder, no
+    /// copy of a larger set.
+    pub(crate) fn holds_real(&self, key: u64, ep: u32) -> bool {
+        let real = |h: &Holding| h.ep == ep && !h.is_speculative();
+        match self.main.read_sync(&key, |_, w| word(*w)) {
+            None => false,
+            Some(Word::One(h)) => real(&h),
+            Some(Word::Many(_)) => self
+                .many
+                .read_sync(&key, |_, m| m.holdings().iter().any(real))
+                .unwrap_or(false),
+        }
+    }
+
     /// Runs `f` on the block's holdings (sorted by endpoint, tier); None when nobody holds it.
     pub(crate) fn read<R>(&self, key: u64, f: impl FnOnce(&[Holding]) -> R) -> Option<R> {
         self.snapshot(key).map(|s| f(s.as_slice()))
