@@ -203,10 +203,9 @@ fn maybe_compact(blocks: &BlockStore, slot: &EndpointSlot, st: &mut EndpointStat
 /// Drops every real holding and engine mapping of the endpoint.
 pub(crate) fn drop_all(blocks: &BlockStore, slot: &EndpointSlot, st: &mut EndpointState) {
     let ep = slot.id;
-    while let Some(popped) = st.ring.pop() {
-        remove_all_on_key(blocks, ep, popped.key);
+    for key in std::mem::take(&mut st.ring).keys() {
+        remove_all_on_key(blocks, ep, key);
     }
-    st.ring = Ring::default();
     st.live = 0;
     st.ignored_groups = 0;
     slot.metrics.holdings.set(0);

@@ -129,18 +129,22 @@ impl Ring {
         let Some(seq) = self.find(engine) else { return };
         self.unmap_seq(engine, seq);
         if seq == self.base {
-            self.keys.pop_front();
-            self.engines.pop_front();
-            self.base = self.base.wrapping_add(1);
+            self.pop_front();
         }
+    }
+
+    /// Drops the front entry: its key and engine hash (if any were recorded).
+    fn pop_front(&mut self) -> Option<(u64, Option<u64>)> {
+        let key = self.keys.pop_front()?;
+        let engine = self.engines.pop_front();
+        self.base = self.base.wrapping_add(1);
+        Some((key, engine))
     }
 
     /// Takes the entry at the hand (the front), unmapping its engine hash.
     pub(crate) fn pop(&mut self) -> Option<Popped> {
-        let key = self.keys.pop_front()?;
-        let engine = self.engines.pop_front();
         let seq = self.base;
-        self.base = self.base.wrapping_add(1);
+        let (key, engine) = self.pop_front()?;
         let engine = engine.filter(|e| {
             self.table
                 .find_entry(hash(*e), |&s| s == seq)

@@ -53,6 +53,21 @@ fn nonempty(h: Option<Holders>) -> Option<Holders> {
     h.filter(|h| !matches!(h, Holders::Many(m) if m.is_empty()))
 }
 
+/// A held main-table entry.
+type MainEntry<'a> = scc::hash_map::OccupiedEntry<'a, u64, u64, BuildKeyHasher>;
+
+/// The main word for a set, and the set the side table must hold (None when it packs).
+fn encode(h: Holders) -> (u64, Option<Arc<Many>>) {
+    let m = match h {
+        Holders::One(h) => match h.pack() {
+            Some(w) => return (w, None),
+            None => Arc::new(Many::of(h)),
+        },
+        Holders::Many(m) => m,
+    };
+    (MANY | m.fp(), Some(m))
+}
+
 impl BlockStore {
     /// Distinct block keys.
     pub(crate) fn len(&self) -> usize {
@@ -195,16 +210,11 @@ impl BlockStore {
                 }
                 r
             }
-            scc::hash_map::Entry::Occupied(mut o) => match word(*o.get()) {
+            scc::hash_map::Entry::Occupied(o) => match word(*o.get()) {
                 Word::One(h) => {
                     let mut cur = Some(Holders::One(h));
                     let r = f(&mut cur);
-                    match nonempty(cur) {
-                        None => {
-                            let _ = o.remove();
-                        }
-                        Some(h) => *o.get_mut() = self.store_new(key, h),
-                    }
+                    self.write_word(key, o, cur);
                     r
                 }
                 Word::Many(_) => {
@@ -212,37 +222,26 @@ impl BlockStore {
                         // Unreachable while every change goes through here; recover as empty.
                         let mut cur = None;
                         let r = f(&mut cur);
-                        match nonempty(cur) {
-                            None => {
-                                let _ = o.remove();
-                            }
-                            Some(h) => *o.get_mut() = self.store_new(key, h),
-                        }
+                        self.write_word(key, o, cur);
                         return r;
                     };
                     let set = std::mem::replace(side.get_mut(), Arc::clone(&VACATED));
                     let mut cur = Some(Holders::Many(set));
                     let r = f(&mut cur);
-                    match nonempty(cur) {
+                    let mut o = o;
+                    match nonempty(cur).map(encode) {
                         None => {
                             let _ = side.remove();
                             let _ = o.remove();
                         }
-                        Some(Holders::Many(m)) => {
-                            *o.get_mut() = MANY | m.fp();
+                        Some((w, Some(m))) => {
+                            *o.get_mut() = w;
                             *side.get_mut() = m;
                         }
-                        Some(Holders::One(h)) => match h.pack() {
-                            Some(w) => {
-                                let _ = side.remove();
-                                *o.get_mut() = w;
-                            }
-                            None => {
-                                let m = Arc::new(Many::of(h));
-                                *o.get_mut() = MANY | m.fp();
-                                *side.get_mut() = m;
-                            }
-                        },
+                        Some((w, None)) => {
+                            let _ = side.remove();
+                            *o.get_mut() = w;
+                        }
                     }
                     r
                 }
@@ -250,17 +249,22 @@ impl BlockStore {
         }
     }
 
+    /// Writes a changed set back to a block that has no side entry: its word, or its removal.
+    fn write_word(&self, key: u64, mut o: MainEntry<'_>, cur: Option<Holders>) {
+        match nonempty(cur) {
+            None => {
+                let _ = o.remove();
+            }
+            Some(h) => *o.get_mut() = self.store_new(key, h),
+        }
+    }
+
     /// The main word for a set that has no side entry yet (inserting one when needed).
     fn store_new(&self, key: u64, h: Holders) -> u64 {
-        let m = match h {
-            Holders::One(h) => match h.pack() {
-                Some(w) => return w,
-                None => Arc::new(Many::of(h)),
-            },
-            Holders::Many(m) => m,
-        };
-        let w = MANY | m.fp();
-        let _ = self.many.upsert_sync(key, m);
+        let (w, side) = encode(h);
+        if let Some(m) = side {
+            let _ = self.many.upsert_sync(key, m);
+        }
         w
     }
 }
