@@ -53,9 +53,6 @@ fn nonempty(h: Option<Holders>) -> Option<Holders> {
     h.filter(|h| !matches!(h, Holders::Many(m) if m.is_empty()))
 }
 
-/// A held main-table entry.
-type MainEntry<'a> = scc::hash_map::OccupiedEntry<'a, u64, u64, BuildKeyHasher>;
-
 /// The main word for a set, and the set the side table must hold (None when it packs).
 fn encode(h: Holders) -> (u64, Option<Arc<Many>>) {
     let m = match h {
@@ -210,52 +207,43 @@ impl BlockStore {
                 }
                 r
             }
-            scc::hash_map::Entry::Occupied(o) => match word(*o.get()) {
-                Word::One(h) => {
-                    let mut cur = Some(Holders::One(h));
-                    let r = f(&mut cur);
-                    self.write_word(key, o, cur);
-                    r
-                }
-                Word::Many(_) => {
-                    let scc::hash_map::Entry::Occupied(mut side) = self.many.entry_sync(key) else {
+            scc::hash_map::Entry::Occupied(mut o) => {
+                let (mut cur, side) = match word(*o.get()) {
+                    Word::One(h) => (Some(Holders::One(h)), None),
+                    Word::Many(_) => match self.many.entry_sync(key) {
+                        scc::hash_map::Entry::Occupied(mut side) => {
+                            let set = std::mem::replace(side.get_mut(), Arc::clone(&VACATED));
+                            (Some(Holders::Many(set)), Some(side))
+                        }
                         // Unreachable while every change goes through here; recover as empty.
-                        let mut cur = None;
-                        let r = f(&mut cur);
-                        self.write_word(key, o, cur);
-                        return r;
-                    };
-                    let set = std::mem::replace(side.get_mut(), Arc::clone(&VACATED));
-                    let mut cur = Some(Holders::Many(set));
-                    let r = f(&mut cur);
-                    let mut o = o;
-                    match nonempty(cur).map(encode) {
-                        None => {
+                        scc::hash_map::Entry::Vacant(_) => (None, None),
+                    },
+                };
+                let r = f(&mut cur);
+                match (nonempty(cur).map(encode), side) {
+                    (None, side) => {
+                        if let Some(side) = side {
                             let _ = side.remove();
-                            let _ = o.remove();
                         }
-                        Some((w, Some(m))) => {
-                            *o.get_mut() = w;
-                            *side.get_mut() = m;
-                        }
-                        Some((w, None)) => {
-                            let _ = side.remove();
-                            *o.get_mut() = w;
-                        }
+                        let _ = o.remove();
                     }
-                    r
+                    (Some((w, Some(m))), Some(mut side)) => {
+                        *side.get_mut() = m;
+                        *o.get_mut() = w;
+                    }
+                    (Some((w, Some(m))), None) => {
+                        let _ = self.many.upsert_sync(key, m);
+                        *o.get_mut() = w;
+                    }
+                    (Some((w, None)), side) => {
+                        if let Some(side) = side {
+                            let _ = side.remove();
+                        }
+                        *o.get_mut() = w;
+                    }
                 }
-            },
-        }
-    }
-
-    /// Writes a changed set back to a block that has no side entry: its word, or its removal.
-    fn write_word(&self, key: u64, mut o: MainEntry<'_>, cur: Option<Holders>) {
-        match nonempty(cur) {
-            None => {
-                let _ = o.remove();
+                r
             }
-            Some(h) => *o.get_mut() = self.store_new(key, h),
         }
     }
 
