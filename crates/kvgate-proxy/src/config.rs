@@ -205,6 +205,10 @@ pub struct ProxyConfig {
     /// prefix's end), growing it while some engine holds all of it (default true; YAML
     /// `tokenize: { prefix_only: false }` turns it off).
     pub tokenize_prefix: bool,
+    /// Longest a request whose prefix match stopped at the block a sibling is being placed on
+    /// waits for that sibling's pick before it is placed on its own (YAML
+    /// `tokenize.sibling_wait_ms`, default 20 ms; 0: never wait).
+    pub sibling_wait: Duration,
     /// The KV-cache index settings (YAML `kv_index:`).
     pub kv_index: IndexConfig,
     /// Upstream TCP connect timeout (YAML `upstream.connect_timeout_ms`, default 5 s).
@@ -263,6 +267,7 @@ impl Default for ProxyConfig {
             scores_header: false,
             decision_log: None,
             tokenize_prefix: true,
+            sibling_wait: crate::proxy::parked::DEFAULT_SIBLING_WAIT,
             kv_index: IndexConfig::default(),
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             pool_idle_timeout: DEFAULT_POOL_IDLE_TIMEOUT,
@@ -308,6 +313,7 @@ impl ProxyConfig {
         self.tokenize.max_queue_wait_ms = file.tokenize.max_queue_wait_ms;
         self.tokenize.prefix_cache_max_tokens = file.tokenize.prefix_cache_max_tokens;
         self.tokenize_prefix = file.tokenize.prefix_only;
+        self.sibling_wait = Duration::from_millis(file.tokenize.sibling_wait_ms);
         self.max_prompt_bytes_tokenized = file.tokenize.max_prompt_bytes_tokenized;
         self.expose_internals |= file.expose_internals;
         self.discovery = match (&file.discovery, &file.endpoints_file) {

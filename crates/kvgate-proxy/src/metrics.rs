@@ -96,6 +96,10 @@ pub struct ProxyMetrics {
     /// request completed because its match ended where they did (a sibling of a request in
     /// flight), extending the speculative holdings over the whole prompt.
     pub parked_prefix_completions: Counter,
+    /// `kvgate_tokenize_sibling_wait_timeouts_total`: waits for a sibling's pick (a request
+    /// stopped at the block another one is being placed on) that ended at
+    /// `tokenize.sibling_wait_ms` before that pick was made.
+    pub sibling_wait_timeouts: Counter,
     /// `kvgate_inflight_body_bytes`: request body bytes held by requests in flight (see
     /// [`crate::budget`]).
     pub inflight_body_bytes: Gauge,
@@ -135,6 +139,7 @@ impl ProxyMetrics {
             timeouts: Family::default(),
             tokenize_fallback: Family::default(),
             parked_prefix_completions: Counter::default(),
+            sibling_wait_timeouts: Counter::default(),
             inflight_body_bytes: Gauge::default(),
             body_budget_rejected: Counter::default(),
             upstream_tls_errors: Family::default(),
@@ -194,6 +199,11 @@ impl ProxyMetrics {
             "tokenize_parked_completions",
             "Parked prefix tokenizations completed by a later request whose match ended where they did",
             m.parked_prefix_completions.clone(),
+        );
+        registry.register(
+            "tokenize_sibling_wait_timeouts",
+            "Waits for a sibling request's pick that timed out before the pick was made",
+            m.sibling_wait_timeouts.clone(),
         );
         registry.register(
             "timeouts",

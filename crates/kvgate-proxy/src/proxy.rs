@@ -42,7 +42,7 @@ use crate::{
 mod build;
 mod facts;
 mod forward;
-mod parked;
+pub(crate) mod parked;
 mod pipeline;
 mod request_id;
 mod respond;

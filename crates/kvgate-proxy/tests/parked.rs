@@ -40,7 +40,8 @@ async fn counter(proxy: &RunningProxy, name: &str) -> u64 {
 }
 
 /// `instances` engines with room to spare and a slow prefill (a request is still prefilling
-/// when its sibling is routed), and a proxy in front of them.
+/// when its sibling is routed), and a proxy in front of them whose siblings wait for each
+/// other's picks however long those take on a busy machine.
 async fn slow_prefill_fleet(instances: &str) -> (Sim, RunningProxy) {
     let sim = fleet(&[
         "--instances",
@@ -51,7 +52,9 @@ async fn slow_prefill_fleet(instances: &str) -> (Sim, RunningProxy) {
         "4000",
     ])
     .await;
-    let yaml = endpoints_yaml(&sim, &|_| String::new()) + &models_yaml();
+    let yaml = endpoints_yaml(&sim, &|_| String::new())
+        + &models_yaml()
+        + "tokenize:\n  sibling_wait_ms: 60000\n";
     let proxy = start_proxy(&yaml).await;
     (sim, proxy)
 }
@@ -130,6 +133,10 @@ async fn chat_siblings_sent_at_once_follow_the_first() {
         answers.iter().map(|a| &a.endpoint).collect::<Vec<_>>()
     );
     // One of them was routed on its probe; a sibling completed its tokenization.
+    assert_eq!(
+        counter(&proxy, "kvgate_tokenize_sibling_wait_timeouts_total").await,
+        0
+    );
     assert!(counter_sum(&proxy, "kvgate_tokenize_prefix_skipped_tokens_total").await > 2000);
     assert_eq!(
         counter(&proxy, "kvgate_tokenize_parked_completions_total").await,

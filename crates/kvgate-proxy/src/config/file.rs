@@ -402,6 +402,10 @@ pub struct TokenizePool {
     /// Precise routing with a local tokenizer tokenizes only the prompt prefix the KV index
     /// can match (default true); see [`ProxyConfig::tokenize_prefix`].
     pub prefix_only: bool,
+    /// Milliseconds a request whose prefix match stopped where a sibling is being placed
+    /// waits for that sibling's pick (default 20; 0: never); see
+    /// [`ProxyConfig::sibling_wait`].
+    pub sibling_wait_ms: u64,
     /// Request bodies larger than this (bytes, default 1 MiB; must be greater than 0) are
     /// routed on load without tokenizing; see [`ProxyConfig::max_prompt_bytes_tokenized`].
     pub max_prompt_bytes_tokenized: usize,
@@ -416,6 +420,7 @@ impl Default for TokenizePool {
             max_queue_wait_ms: d.max_queue_wait_ms,
             prefix_cache_max_tokens: d.prefix_cache_max_tokens,
             prefix_only: true,
+            sibling_wait_ms: crate::proxy::parked::DEFAULT_SIBLING_WAIT.as_millis() as u64,
             max_prompt_bytes_tokenized: DEFAULT_MAX_PROMPT_BYTES_TOKENIZED,
         }
     }

@@ -32,7 +32,7 @@ use kvgate_schedule::{EndpointState, PinExtension, RequestFacts};
 use kvgate_tokenize::{BackendKind, MmItem, PrefixSession, TokenizeError};
 
 use super::Proxy;
-use super::parked::{PLACING_WAIT, Placing, PlacingGuard};
+use super::parked::{Placing, PlacingGuard};
 use crate::{error::ProxyError, metrics::FallbackLabels};
 
 /// First prefix budget of prefix tokenization, in tokens (32 blocks of 16; the session
@@ -193,6 +193,10 @@ impl PendingPrefix {
 
 /// How many siblings' placements one request may wait for before it is placed on its own.
 const MAX_FOLLOWS: usize = 3;
+
+/// Bound of the rounds that place a stopped request: each follows a sibling's placement or
+/// grows the session over blocks a sibling's completion made held since it stopped.
+const MAX_ROUNDS: usize = 2 * MAX_FOLLOWS + 2;
 
 /// How many parked sessions one request's routing may complete (each one extends the match;
 /// a chain of them is a burst of prompts that keep sharing what was parked).
@@ -436,20 +440,38 @@ impl Proxy {
         // Stopped early: lead the placement of the block where the match stops, or follow a
         // sibling that stopped there too and match again once that one is placed.
         let mut placing = None;
-        for _ in 0..MAX_FOLLOWS {
+        let mut follows = 0;
+        for _ in 0..MAX_ROUNDS {
             if session.is_complete() {
                 break;
             }
             let Some(key) = stop_block_key(index, &endpoints, scope, session.exact_ids()) else {
-                break;
+                // Every block encoded so far is held now: a sibling completed a parked
+                // session (or was placed) since this one stopped growing. Grow on.
+                match grow(session).await? {
+                    Some(s) => session = s,
+                    None => return Ok(None),
+                }
+                continue;
             };
+            if follows == MAX_FOLLOWS {
+                break;
+            }
             match self.parked.lead_or_follow(key) {
                 Placing::Lead(guard) => {
                     placing = Some(guard);
                     break;
                 }
                 Placing::Follow(rx) => {
-                    Placing::follow(rx, PLACING_WAIT).await;
+                    follows += 1;
+                    if !Placing::follow(rx, self.config.sibling_wait).await {
+                        self.metrics.sibling_wait_timeouts.inc();
+                        tracing::debug!(
+                            request_id = %facts.request_id,
+                            wait_ms = self.config.sibling_wait.as_millis() as u64,
+                            "a sibling's placement took longer than tokenize.sibling_wait_ms"
+                        );
+                    }
                     match grow(session).await? {
                         Some(s) => session = s,
                         None => return Ok(None),

@@ -20,7 +20,8 @@
 //! new. A stopped request therefore marks the key of the block where its match stopped (the
 //! first block no endpoint holds) as *being placed* until its pick has made its speculative
 //! holdings ([`PlacingGuard`]); a sibling that stops at the same block waits for that (at most
-//! [`PLACING_WAIT`]) and matches again.
+//! `tokenize.sibling_wait_ms`, [`DEFAULT_SIBLING_WAIT`] by default; a wait that ends there is
+//! counted in `kvgate_tokenize_sibling_wait_timeouts_total`) and matches again.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -40,8 +41,9 @@ pub(crate) type Slot = Arc<Mutex<Option<PendingPrefix>>>;
 /// Bound of the store: the rendered prompts it holds, in bytes.
 pub(crate) const PARKED_MAX_BYTES: u64 = 64 << 20;
 
-/// Longest a stopped request waits for a sibling that stopped at the same block to be placed.
-pub(crate) const PLACING_WAIT: Duration = Duration::from_millis(20);
+/// Default of the longest a stopped request waits for a sibling that stopped at the same
+/// block to be placed (YAML `tokenize.sibling_wait_ms`).
+pub(crate) const DEFAULT_SIBLING_WAIT: Duration = Duration::from_millis(20);
 
 /// Stop block keys of requests stopped early and not picked yet, each with a receiver that
 /// wakes when that request's [`PlacingGuard`] is dropped, and the mark's number (a guard
@@ -64,10 +66,10 @@ pub(crate) enum Placing {
 }
 
 impl Placing {
-    /// Waits until the leader's pick is made, at most `limit`.
-    pub(crate) async fn follow(mut rx: watch::Receiver<()>, limit: Duration) {
+    /// Waits until the leader's pick is made, at most `limit`; false when the wait timed out.
+    pub(crate) async fn follow(mut rx: watch::Receiver<()>, limit: Duration) -> bool {
         // `changed` fails once the guard's sender is dropped; nothing is ever sent.
-        let _ = tokio::time::timeout(limit, rx.changed()).await;
+        tokio::time::timeout(limit, rx.changed()).await.is_ok()
     }
 }
 
