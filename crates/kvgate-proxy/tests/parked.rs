@@ -40,8 +40,7 @@ async fn counter(proxy: &RunningProxy, name: &str) -> u64 {
 }
 
 /// `instances` engines with room to spare and a slow prefill (a request is still prefilling
-/// when its sibling is routed), and a proxy in front of them whose siblings wait for each
-/// other's picks however long those take on a busy machine.
+/// when its sibling is routed), and a proxy in front of them.
 async fn slow_prefill_fleet(instances: &str) -> (Sim, RunningProxy) {
     let sim = fleet(&[
         "--instances",
@@ -52,9 +51,7 @@ async fn slow_prefill_fleet(instances: &str) -> (Sim, RunningProxy) {
         "4000",
     ])
     .await;
-    let yaml = endpoints_yaml(&sim, &|_| String::new())
-        + &models_yaml()
-        + "tokenize:\n  sibling_wait_ms: 60000\n";
+    let yaml = endpoints_yaml(&sim, &|_| String::new()) + &models_yaml();
     let proxy = start_proxy(&yaml).await;
     (sim, proxy)
 }

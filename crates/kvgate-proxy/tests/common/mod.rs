@@ -53,6 +53,14 @@ pub(crate) async fn start_proxy(yaml: &str) -> RunningProxy {
         ..ProxyConfig::default()
     };
     config.merge_file(&file).unwrap();
+    // Tests wait on conditions, not clocks: unless a test sets them, a tokenization waits for
+    // the pool and a request for a sibling's pick however long a busy machine takes.
+    if !yaml.contains("max_queue_wait_ms") {
+        config.tokenize.max_queue_wait_ms = 0;
+    }
+    if !yaml.contains("sibling_wait_ms") {
+        config.sibling_wait = Duration::from_secs(60);
+    }
     RunningProxy::start(config).await
 }
 
