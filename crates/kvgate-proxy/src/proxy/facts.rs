@@ -459,8 +459,18 @@ impl Proxy {
             }
             match self.parked.lead_or_follow(key) {
                 Placing::Lead(guard) => {
-                    placing = Some(guard);
-                    break;
+                    // Read the stop again under the mark: a sibling that completed a parked
+                    // session between the read above and the mark (its own mark was gone by
+                    // then) made more blocks held, and this request must grow over them.
+                    if stop_block_key(index, &endpoints, scope, session.exact_ids()) == Some(key) {
+                        placing = Some(guard);
+                        break;
+                    }
+                    drop(guard);
+                    match grow(session).await? {
+                        Some(s) => session = s,
+                        None => return Ok(None),
+                    }
                 }
                 Placing::Follow(rx) => {
                     follows += 1;
