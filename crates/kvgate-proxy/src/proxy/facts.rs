@@ -32,7 +32,7 @@ use kvgate_schedule::{EndpointState, PinExtension, RequestFacts};
 use kvgate_tokenize::{BackendKind, MmItem, PrefixSession, TokenizeError};
 
 use super::Proxy;
-use super::parked::{Placing, PlacingGuard};
+use super::parked::{Placing, PlacingGuard, PlacingKeys};
 use crate::{error::ProxyError, metrics::FallbackLabels};
 
 /// First prefix budget of prefix tokenization, in tokens (32 blocks of 16; the session
@@ -86,15 +86,16 @@ pub(crate) fn match_may_continue(
     })
 }
 
-/// Where `ids`' match stops: the key of the first block no endpoint holds, at the smallest
-/// block size among `endpoints` (`None` when every full block is held or there is none).
-/// Siblings that stop at the same block share everything before it.
-fn stop_block_key(
+/// Where `ids`' match stops, at the smallest block size among `endpoints`: the key of the
+/// first block no endpoint holds, with the last block the best match holds and `ids`' last
+/// full block (`None` when every full block is held or there is none). Siblings that stop at
+/// the same block share everything before it.
+fn placing_keys(
     index: &KvIndex,
     endpoints: &[&EndpointState],
     scope: KeyScope<'_>,
     ids: &[u32],
-) -> Option<u64> {
+) -> Option<PlacingKeys> {
     let (_, keys, scores) = matches_by_block_size(index, endpoints, scope, ids).next()?;
     let best = scores?
         .endpoints
@@ -102,7 +103,11 @@ fn stop_block_key(
         .map(|s| s.matched_blocks as usize)
         .max()
         .unwrap_or(0);
-    keys.keys.get(best).map(|k| k.0)
+    Some(PlacingKeys {
+        stop: keys.keys.get(best)?.0,
+        last_held: best.checked_sub(1).map(|b| keys.keys[b].0),
+        last: keys.keys.last().map(|k| k.0),
+    })
 }
 
 /// Grows `session` from [`PREFIX_TOKENS_START`] (or what it already encoded) while
@@ -445,7 +450,7 @@ impl Proxy {
             if session.is_complete() {
                 break;
             }
-            let Some(key) = stop_block_key(index, &endpoints, scope, session.exact_ids()) else {
+            let Some(at) = placing_keys(index, &endpoints, scope, session.exact_ids()) else {
                 // Every block encoded so far is held now: a sibling completed a parked
                 // session (or was placed) since this one stopped growing. Grow on.
                 match grow(session).await? {
@@ -457,12 +462,13 @@ impl Proxy {
             if follows == MAX_FOLLOWS {
                 break;
             }
-            match self.parked.lead_or_follow(key) {
+            match self.parked.lead_or_follow(at) {
                 Placing::Lead(guard) => {
                     // Read the stop again under the mark: a sibling that completed a parked
                     // session between the read above and the mark (its own mark was gone by
                     // then) made more blocks held, and this request must grow over them.
-                    if stop_block_key(index, &endpoints, scope, session.exact_ids()) == Some(key) {
+                    let now = placing_keys(index, &endpoints, scope, session.exact_ids());
+                    if now.map(|n| n.stop) == Some(at.stop) {
                         placing = Some(guard);
                         break;
                     }

@@ -77,15 +77,29 @@ impl Placing {
 /// speculative holdings, or when the request ends without one).
 pub(crate) struct PlacingGuard {
     map: PlacingMap,
-    key: u64,
+    /// The stop block key, then the last full block key of the request's prompt so far (when
+    /// another one), under which its speculative holdings will end once it is picked.
+    keys: Vec<u64>,
     mark: u64,
     _tx: watch::Sender<()>,
+}
+
+/// The blocks a stopped request is placed by ([`ParkedPrefixes::lead_or_follow`]), at the
+/// smallest block size among the endpoints.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct PlacingKeys {
+    /// The first block no endpoint holds.
+    pub(crate) stop: u64,
+    /// The last block the best match holds (`None` when it holds none).
+    pub(crate) last_held: Option<u64>,
+    /// The last full block of the prompt encoded so far.
+    pub(crate) last: Option<u64>,
 }
 
 impl std::fmt::Debug for PlacingGuard {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PlacingGuard")
-            .field("key", &self.key)
+            .field("keys", &self.keys)
             .finish()
     }
 }
@@ -96,8 +110,10 @@ impl Drop for PlacingGuard {
             .map
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if map.get(&self.key).is_some_and(|(m, _)| *m == self.mark) {
-            map.remove(&self.key);
+        for key in &self.keys {
+            if map.get(key).is_some_and(|(m, _)| *m == self.mark) {
+                map.remove(key);
+            }
         }
         // Dropping `tx` wakes every waiter.
     }
@@ -141,24 +157,34 @@ impl ParkedPrefixes {
         }
     }
 
-    /// Marks `stop_key` as being placed by the caller ([`Placing::Lead`]), unless another
-    /// request marked it already: then a receiver that wakes when that one's pick is made
-    /// ([`Placing::Follow`]). One lock makes the check and the mark one step, so of siblings
-    /// that stop at once exactly one leads.
-    pub(crate) fn lead_or_follow(&self, stop_key: u64) -> Placing {
+    /// Marks `at.stop` (and `at.last`, where the caller's speculative holdings will end) as
+    /// being placed by the caller ([`Placing::Lead`]), unless another request marked its stop
+    /// block already, or marked the block where the caller's match ends as the end of the
+    /// holdings its pick is about to make: then a receiver that wakes when that one's pick is
+    /// made ([`Placing::Follow`]). One lock makes the check and the mark one step, so of
+    /// siblings that stop at once exactly one leads; a sibling that matches the first one's
+    /// holdings before that one is parked waits for the parking.
+    pub(crate) fn lead_or_follow(&self, at: PlacingKeys) -> Placing {
         let mut map = self
             .placing
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some((_, rx)) = map.get(&stop_key) {
-            return Placing::Follow(rx.clone());
+        for key in [Some(at.stop), at.last_held].into_iter().flatten() {
+            if let Some((_, rx)) = map.get(&key) {
+                return Placing::Follow(rx.clone());
+            }
         }
         let (tx, rx) = watch::channel(());
         let mark = self.marks.fetch_add(1, Ordering::Relaxed);
-        map.insert(stop_key, (mark, rx));
+        let mut keys = vec![at.stop];
+        if let Some(last) = at.last.filter(|l| !map.contains_key(l) && *l != at.stop) {
+            map.insert(last, (mark, rx.clone()));
+            keys.push(last);
+        }
+        map.insert(at.stop, (mark, rx));
         Placing::Lead(PlacingGuard {
             map: Arc::clone(&self.placing),
-            key: stop_key,
+            keys,
             mark,
             _tx: tx,
         })
@@ -201,7 +227,17 @@ impl ParkedPrefixes {
 mod tests {
     use std::time::Duration;
 
-    use super::{ParkedPrefixes, Placing};
+    use super::{ParkedPrefixes, Placing, PlacingKeys};
+
+    /// A request that stopped at `stop`, its match ending at `last_held`, its prompt so far
+    /// at `last`.
+    fn at(stop: u64, last_held: Option<u64>, last: Option<u64>) -> PlacingKeys {
+        PlacingKeys {
+            stop,
+            last_held,
+            last,
+        }
+    }
 
     /// Of two requests stopping at one block the first leads and the second follows; the
     /// follower wakes when the leader's guard drops, the mark goes with it, and another key is
@@ -209,14 +245,14 @@ mod tests {
     #[tokio::test]
     async fn one_leads_the_others_follow_until_the_pick() {
         let parked = ParkedPrefixes::new(Duration::from_secs(60), 1 << 20);
-        let Placing::Lead(guard) = parked.lead_or_follow(7) else {
+        let Placing::Lead(guard) = parked.lead_or_follow(at(7, None, None)) else {
             panic!("the first request leads");
         };
         assert!(
-            matches!(parked.lead_or_follow(8), Placing::Lead(_)),
+            matches!(parked.lead_or_follow(at(8, None, None)), Placing::Lead(_)),
             "another block"
         );
-        let Placing::Follow(rx) = parked.lead_or_follow(7) else {
+        let Placing::Follow(rx) = parked.lead_or_follow(at(7, None, None)) else {
             panic!("a sibling at the same block follows");
         };
         assert!(
@@ -231,8 +267,45 @@ mod tests {
         // Returns at once: the wake, not the limit.
         Placing::follow(rx, Duration::from_secs(3600)).await;
         assert!(
-            matches!(parked.lead_or_follow(7), Placing::Lead(_)),
+            matches!(parked.lead_or_follow(at(7, None, None)), Placing::Lead(_)),
             "the mark left with its guard"
         );
+    }
+
+    /// A leader also marks where its holdings will end: a request whose match ends there
+    /// (its pick made the holdings, its session is not parked yet) follows it; one whose match
+    /// ends elsewhere, or that stops at that block, is placed by its own stop. Rows flip one
+    /// key.
+    #[test]
+    fn the_end_of_a_leaders_holdings_is_marked_too() {
+        for (case, second, follows) in [
+            (
+                "match ends at the leader's last block",
+                at(30, Some(20), None),
+                true,
+            ),
+            ("match ends elsewhere", at(30, Some(21), None), false),
+            ("no block held", at(30, None, None), false),
+            (
+                "stops at the leader's last block",
+                at(20, Some(19), None),
+                true,
+            ),
+        ] {
+            let parked = ParkedPrefixes::new(Duration::from_secs(60), 1 << 20);
+            let Placing::Lead(guard) = parked.lead_or_follow(at(10, None, Some(20))) else {
+                panic!("{case}: the first request leads");
+            };
+            assert_eq!(
+                matches!(parked.lead_or_follow(second), Placing::Follow(_)),
+                follows,
+                "{case}"
+            );
+            drop(guard);
+            assert!(
+                matches!(parked.lead_or_follow(second), Placing::Lead(_)),
+                "{case}: both marks left with the guard"
+            );
+        }
     }
 }
