@@ -450,49 +450,40 @@ impl Proxy {
             if session.is_complete() {
                 break;
             }
-            let Some(at) = placing_keys(index, &endpoints, scope, session.exact_ids()) else {
-                // Every block encoded so far is held now: a sibling completed a parked
-                // session (or was placed) since this one stopped growing. Grow on.
-                match grow(session).await? {
-                    Some(s) => session = s,
-                    None => return Ok(None),
+            if let Some(at) = placing_keys(index, &endpoints, scope, session.exact_ids()) {
+                if follows == MAX_FOLLOWS {
+                    break;
                 }
-                continue;
-            };
-            if follows == MAX_FOLLOWS {
-                break;
+                match self.parked.lead_or_follow(at) {
+                    Placing::Lead(guard) => {
+                        // Read the stop again under the mark: a sibling that completed a
+                        // parked session between the read above and the mark (its own mark
+                        // was gone by then) made more blocks held; then grow over them.
+                        let now = placing_keys(index, &endpoints, scope, session.exact_ids());
+                        if now.map(|n| n.stop) == Some(at.stop) {
+                            placing = Some(guard);
+                            break;
+                        }
+                    }
+                    Placing::Follow(rx) => {
+                        follows += 1;
+                        if !Placing::follow(rx, self.config.sibling_wait).await {
+                            self.metrics.sibling_wait_timeouts.inc();
+                            tracing::debug!(
+                                request_id = %facts.request_id,
+                                wait_ms = self.config.sibling_wait.as_millis() as u64,
+                                "a sibling's placement took longer than tokenize.sibling_wait_ms"
+                            );
+                        }
+                    }
+                }
             }
-            match self.parked.lead_or_follow(at) {
-                Placing::Lead(guard) => {
-                    // Read the stop again under the mark: a sibling that completed a parked
-                    // session between the read above and the mark (its own mark was gone by
-                    // then) made more blocks held, and this request must grow over them.
-                    let now = placing_keys(index, &endpoints, scope, session.exact_ids());
-                    if now.map(|n| n.stop) == Some(at.stop) {
-                        placing = Some(guard);
-                        break;
-                    }
-                    drop(guard);
-                    match grow(session).await? {
-                        Some(s) => session = s,
-                        None => return Ok(None),
-                    }
-                }
-                Placing::Follow(rx) => {
-                    follows += 1;
-                    if !Placing::follow(rx, self.config.sibling_wait).await {
-                        self.metrics.sibling_wait_timeouts.inc();
-                        tracing::debug!(
-                            request_id = %facts.request_id,
-                            wait_ms = self.config.sibling_wait.as_millis() as u64,
-                            "a sibling's placement took longer than tokenize.sibling_wait_ms"
-                        );
-                    }
-                    match grow(session).await? {
-                        Some(s) => session = s,
-                        None => return Ok(None),
-                    }
-                }
+            // Grow over what is held now: every block encoded so far (a sibling completed a
+            // parked session or was placed since this one stopped growing), a stop that moved
+            // under the mark, or a sibling's pick.
+            match grow(session).await? {
+                Some(s) => session = s,
+                None => return Ok(None),
             }
         }
         let Some(session) = self.complete_parked(session, &endpoints, scope).await? else {

@@ -273,9 +273,9 @@ mod tests {
     }
 
     /// A leader also marks where its holdings will end: a request whose match ends there
-    /// (its pick made the holdings, its session is not parked yet) follows it; one whose match
-    /// ends elsewhere, or that stops at that block, is placed by its own stop. Rows flip one
-    /// key.
+    /// (its pick made the holdings, its session is not parked yet) or that stops at that block
+    /// follows it; one whose match ends elsewhere, or holds no block, is placed by its own
+    /// stop. Rows flip one key.
     #[test]
     fn the_end_of_a_leaders_holdings_is_marked_too() {
         for (case, second, follows) in [
