@@ -1,6 +1,8 @@
 //! `kvgate`: the command-line entry point. Parses flags, sets up logging, and hands off to
 //! the library crates.
 
+use std::io::IsTerminal;
+
 use clap::{Parser, Subcommand, ValueEnum};
 
 mod demo;
@@ -51,8 +53,11 @@ enum Command {
 fn init_logging(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("KVGATE_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    // Colours only on a terminal: a log redirected to a file or a collector stays plain text.
+    let ansi = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none();
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(ansi)
         .with_writer(std::io::stderr);
     match format {
         LogFormat::Text => builder.init(),
