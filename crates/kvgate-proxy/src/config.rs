@@ -312,6 +312,7 @@ impl ProxyConfig {
         self.tokenize.queue_limit = file.tokenize.queue_limit;
         self.tokenize.max_queue_wait_ms = file.tokenize.max_queue_wait_ms;
         self.tokenize.prefix_cache_max_tokens = file.tokenize.prefix_cache_max_tokens;
+        self.tokenize.render_cache_max_bytes = file.tokenize.render_cache_max_bytes;
         self.tokenize_prefix = file.tokenize.prefix_only;
         self.sibling_wait = Duration::from_millis(file.tokenize.sibling_wait_ms);
         self.max_prompt_bytes_tokenized = file.tokenize.max_prompt_bytes_tokenized;

@@ -23,6 +23,8 @@ fn load(cache_tokens: u64) -> LocalTokenizer {
         &kvgate_tokenize::test_util::qwen3_dir(),
         LocalOptions {
             prefix_cache_max_tokens: cache_tokens,
+            // Every iteration renders: the benches measure rendering, not the render cache.
+            render_cache_max_bytes: 0,
         },
     )
     .expect("tokenizer loads")

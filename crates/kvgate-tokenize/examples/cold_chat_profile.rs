@@ -73,11 +73,16 @@ fn main() {
     let n: usize = args.next().map_or(1, |s| s.parse().expect("N is a number"));
     // The segment cache is off (every call cold), except for `probe`: a chat prompt is
     // probed only when the cache serves its segments.
+    // The render cache is off in every mode: each call renders.
     let options = if mode == "probe" || mode.starts_with("shared") {
-        LocalOptions::default()
+        LocalOptions {
+            render_cache_max_bytes: 0,
+            ..LocalOptions::default()
+        }
     } else {
         LocalOptions {
             prefix_cache_max_tokens: 0,
+            render_cache_max_bytes: 0,
         }
     };
     let t = std::sync::Arc::new(

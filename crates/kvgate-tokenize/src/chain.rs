@@ -297,6 +297,7 @@ impl TokenizeService {
     ) -> Result<TokenizeService, BuildError> {
         let local = LocalOptions {
             prefix_cache_max_tokens: config.prefix_cache_max_tokens,
+            render_cache_max_bytes: config.render_cache_max_bytes,
         };
         let mut chains = HashMap::new();
         for m in &config.models {
@@ -345,6 +346,7 @@ impl TokenizeService {
             chains: RwLock::new(map),
             local: LocalOptions {
                 prefix_cache_max_tokens: TokenizeConfig::default().prefix_cache_max_tokens,
+                render_cache_max_bytes: TokenizeConfig::default().render_cache_max_bytes,
             },
             render_tls: None,
             pool,

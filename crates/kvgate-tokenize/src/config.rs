@@ -20,6 +20,10 @@ pub struct TokenizeConfig {
     pub max_queue_wait_ms: u64,
     /// Per-tokenizer segment-cache budget, in cached token ids (default 4,000,000; 0 = off).
     pub prefix_cache_max_tokens: u64,
+    /// Per-tokenizer budget of rendered chat prompts cached by their exact request bytes, in
+    /// bytes of rendered text (default 32 MiB; 0 = off). Off by itself for a chat template
+    /// that reads the clock (`strftime_now`).
+    pub render_cache_max_bytes: u64,
     /// One entry per canonical model name.
     pub models: Vec<ModelTokenizerConfig>,
 }
@@ -31,6 +35,7 @@ impl Default for TokenizeConfig {
             queue_limit: 256,
             max_queue_wait_ms: 100,
             prefix_cache_max_tokens: 4_000_000,
+            render_cache_max_bytes: crate::local::DEFAULT_RENDER_CACHE_BYTES,
             models: Vec::new(),
         }
     }

@@ -46,6 +46,7 @@ pub mod prefix;
 mod prefix_cache;
 mod pyjson;
 pub mod render;
+mod render_cache;
 mod responses;
 mod template;
 #[cfg(any(test, feature = "test-util"))]

@@ -16,6 +16,7 @@ use crate::chat::{self, Rejection};
 use crate::outcome::{BackendError, FallbackReason, PromptTokens};
 use crate::prefix::PrefixSupport;
 use crate::prefix_cache::{CHUNK_BYTES, SegmentEncoder};
+use crate::render_cache::{RenderCache, Rendered};
 use crate::responses;
 use crate::template::{ChatTemplate, RenderError, TemplateInput};
 
@@ -24,12 +25,19 @@ use crate::template::{ChatTemplate, RenderError, TemplateInput};
 pub struct LocalOptions {
     /// Segment-cache budget in cached token ids (0 disables the cache).
     pub prefix_cache_max_tokens: u64,
+    /// Budget of the cache of rendered chat prompts by request bytes, in bytes of rendered
+    /// text (0 disables it; see [`crate::render_cache`]).
+    pub render_cache_max_bytes: u64,
 }
+
+/// Default [`LocalOptions::render_cache_max_bytes`]: 32 MiB.
+pub const DEFAULT_RENDER_CACHE_BYTES: u64 = 32 << 20;
 
 impl Default for LocalOptions {
     fn default() -> Self {
         LocalOptions {
             prefix_cache_max_tokens: 4_000_000,
+            render_cache_max_bytes: DEFAULT_RENDER_CACHE_BYTES,
         }
     }
 }
@@ -42,6 +50,8 @@ pub struct LocalTokenizer {
     mentions_developer: bool,
     anthropic: AnthropicProbe,
     pub(crate) segments: SegmentEncoder,
+    /// Rendered chat prompts by request bytes (`None`: off).
+    renders: Option<RenderCache>,
     /// What prefix tokenization ([`crate::prefix`]) may rely on for this tokenizer.
     pub(crate) prefix: PrefixSupport,
 }
@@ -107,6 +117,13 @@ impl LocalTokenizer {
             .as_deref()
             .is_some_and(|t| t.contains("\"developer\"") || t.contains("'developer'"));
         let segments = SegmentEncoder::new(&assets.tokenizer, opts.prefix_cache_max_tokens);
+        let renders = RenderCache::new(
+            opts.render_cache_max_bytes,
+            &[
+                assets.config.chat_template.as_deref(),
+                assets.config.tool_use_template.as_deref(),
+            ],
+        );
         let mut local = LocalTokenizer {
             tokenizer: assets.tokenizer,
             template,
@@ -116,6 +133,7 @@ impl LocalTokenizer {
                 disabled_thinking_effort: "none",
             },
             segments,
+            renders,
             prefix: PrefixSupport::default(),
         };
         local.prefix = PrefixSupport::probe(&local);
@@ -162,6 +180,12 @@ impl LocalTokenizer {
     /// The underlying HF tokenizer.
     pub fn tokenizer(&self) -> &Tokenizer {
         &self.tokenizer
+    }
+
+    /// Lookups of the rendered-prompt cache so far, `(hits, misses)` (`None`: the cache is
+    /// off). See [`LocalOptions::render_cache_max_bytes`].
+    pub fn render_cache_stats(&self) -> Option<(u64, u64)> {
+        self.renders.as_ref().map(RenderCache::stats)
     }
 
     /// Whether the segment (prefix) cache is active for this tokenizer.
@@ -279,19 +303,39 @@ impl LocalTokenizer {
         if body == crate::test_util::PANIC_BODY.as_bytes() {
             panic!("test seam: tokenizer panic");
         }
-        let (value, ints) = Self::parse(body)?;
         match api {
             Api::ChatCompletions | Api::Messages | Api::Responses => {
-                let (input, add_special) = self.chat_input(api, &value, ints)?;
-                let text = self.template()?.render(&input).map_err(render_error)?;
-                Ok(PromptSource::Text(text, add_special))
+                let Some(renders) = &self.renders else {
+                    let rendered = self.render_chat(api, body)?;
+                    return Ok(PromptSource::Text(rendered.text, rendered.add_special));
+                };
+                let key = RenderCache::key(api, body);
+                if let Some(hit) = renders.get(key) {
+                    return Ok(PromptSource::Text(hit.text.clone(), hit.add_special));
+                }
+                let rendered = self.render_chat(api, body)?;
+                let source = PromptSource::Text(rendered.text.clone(), rendered.add_special);
+                renders.insert(key, rendered);
+                Ok(source)
             }
-            Api::Completions => self.completion_source(&value),
-            other => Err(BackendError::new(
-                FallbackReason::UnsupportedApi,
-                other.label(),
-            )),
+            Api::Completions => self.completion_source(&Self::parse(body)?.0),
+            other => {
+                // A body that is not JSON says so first, as for every API.
+                Self::parse(body)?;
+                Err(BackendError::new(
+                    FallbackReason::UnsupportedApi,
+                    other.label(),
+                ))
+            }
         }
+    }
+
+    /// Parses, normalizes and renders a chat, messages or responses request.
+    fn render_chat(&self, api: Api, body: &[u8]) -> Result<Rendered, BackendError> {
+        let (value, ints) = Self::parse(body)?;
+        let (input, add_special) = self.chat_input(api, &value, ints)?;
+        let text = self.template()?.render(&input).map_err(render_error)?;
+        Ok(Rendered { text, add_special })
     }
 
     fn completion_source(&self, body: &Value) -> Result<PromptSource, BackendError> {

@@ -12,34 +12,60 @@ fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
+/// Every case twice: the second pass of a chat, messages or responses case takes the render
+/// the first one cached (the counters prove it), and must equal the golden too.
 #[test]
 fn local_backend_matches_every_golden() {
     let tok = kvgate_tokenize::test_util::qwen3();
     let files = collect_files(&[root().join("testdata/parity")]).unwrap();
     let mut per_api = std::collections::BTreeMap::<String, usize>::new();
     let mut failures = Vec::new();
-    for path in &files {
+    let (hits_before, _) = tok
+        .render_cache_stats()
+        .expect("render cache on by default");
+    for (pass, path) in [0, 1]
+        .into_iter()
+        .flat_map(|pass| files.iter().map(move |p| (pass, p)))
+    {
         let case = load_case(path).unwrap();
-        *per_api.entry(case.api.clone()).or_default() += 1;
+        if pass == 0 {
+            *per_api.entry(case.api.clone()).or_default() += 1;
+        }
         let api = case.api().unwrap();
         let got = match tok.tokenize(api, &Bytes::from(case.body.clone().into_bytes())) {
             Ok(p) => p.into_iter().map(|x| x.token_ids).collect::<Vec<_>>(),
             Err(e) => {
-                failures.push(format!("{}/{}: local error: {e}", case.api, case.name));
+                failures.push(format!(
+                    "{}/{} (pass {pass}): local error: {e}",
+                    case.api, case.name
+                ));
                 continue;
             }
         };
         if let Some(d) = first_divergence(&case.token_ids, &got) {
             let report = parity::describe(&tok, &d, "golden", &case.token_ids, "local", &got);
-            failures.push(format!("{}/{}: {report}", case.api, case.name));
+            failures.push(format!(
+                "{}/{} (pass {pass}): {report}",
+                case.api, case.name
+            ));
         }
     }
+    let chats: usize = ["chat_completions", "messages", "responses"]
+        .iter()
+        .filter_map(|api| per_api.get(*api))
+        .sum();
     assert!(
         failures.is_empty(),
         "{} of {} cases diverge:\n{}",
         failures.len(),
         files.len(),
         failures.join("\n")
+    );
+    let (hits, _) = tok.render_cache_stats().unwrap();
+    assert!(
+        hits - hits_before >= chats as u64,
+        "{} render cache hits for {chats} chat cases",
+        hits - hits_before
     );
     assert!(
         per_api.get("chat_completions").copied().unwrap_or(0) >= 40,

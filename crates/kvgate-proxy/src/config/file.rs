@@ -399,6 +399,9 @@ pub struct TokenizePool {
     pub max_queue_wait_ms: u64,
     /// Bound of the segment cache, in tokens.
     pub prefix_cache_max_tokens: u64,
+    /// Bound of the cache of rendered chat prompts by exact request bytes, in bytes of
+    /// rendered text per tokenizer (default 32 MiB; 0 = off).
+    pub render_cache_max_bytes: u64,
     /// Precise routing with a local tokenizer tokenizes only the prompt prefix the KV index
     /// can match (default true); see [`ProxyConfig::tokenize_prefix`].
     pub prefix_only: bool,
@@ -419,6 +422,7 @@ impl Default for TokenizePool {
             queue_limit: d.queue_limit,
             max_queue_wait_ms: d.max_queue_wait_ms,
             prefix_cache_max_tokens: d.prefix_cache_max_tokens,
+            render_cache_max_bytes: d.render_cache_max_bytes,
             prefix_only: true,
             sibling_wait_ms: crate::proxy::parked::DEFAULT_SIBLING_WAIT.as_millis() as u64,
             max_prompt_bytes_tokenized: DEFAULT_MAX_PROMPT_BYTES_TOKENIZED,

@@ -1,0 +1,137 @@
+//! Rendered chat prompts by the exact request bytes.
+//!
+//! Rendering a chat (JSON parse, vLLM's normalization, the chat template) is a pure function
+//! of the request's bytes and its API once the tokenizer is loaded, unless the template reads
+//! the clock (`strftime_now`): then this cache is off. A request whose bytes an earlier one
+//! sent exactly — a sampling group or an RL rollout sending one prompt many times, a client's
+//! retry, siblings of a burst — takes the earlier render instead of repeating it. Keys are a
+//! 128-bit hash of the bytes (seeded by the API), as in the segment cache; errors are not
+//! cached (they are recomputed, and are as cheap as the parse that finds them).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use kvgate_request::Api;
+use moka::sync::Cache;
+use xxhash_rust::xxh3::xxh3_128_with_seed;
+
+/// Bytes a cached render is charged for beyond its text (key, entry, bookkeeping).
+const ENTRY_OVERHEAD: usize = 96;
+
+/// A rendered prompt and its `add_special_tokens`.
+#[derive(Debug)]
+pub(crate) struct Rendered {
+    pub(crate) text: String,
+    pub(crate) add_special: bool,
+}
+
+/// A byte-bounded cache of rendered prompts.
+pub(crate) struct RenderCache {
+    cache: Cache<u128, Arc<Rendered>>,
+    /// Lookups that found a render.
+    hits: AtomicU64,
+    /// Lookups that did not.
+    misses: AtomicU64,
+}
+
+impl std::fmt::Debug for RenderCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RenderCache")
+            .field("entries", &self.cache.entry_count())
+            .finish()
+    }
+}
+
+impl RenderCache {
+    /// A cache holding up to `max_bytes` of rendered text; `None` when `max_bytes` is 0 or
+    /// the template reads the clock (its output is not a function of the bytes).
+    pub(crate) fn new(max_bytes: u64, template_sources: &[Option<&str>]) -> Option<RenderCache> {
+        let reads_clock = template_sources
+            .iter()
+            .flatten()
+            .any(|s| s.contains("strftime_now"));
+        (max_bytes > 0 && !reads_clock).then(|| RenderCache {
+            cache: Cache::builder()
+                .max_capacity(max_bytes)
+                .weigher(|_, r: &Arc<Rendered>| {
+                    u32::try_from(r.text.len() + ENTRY_OVERHEAD).unwrap_or(u32::MAX)
+                })
+                .build(),
+            hits: AtomicU64::new(0),
+            misses: AtomicU64::new(0),
+        })
+    }
+
+    /// The key of `body` sent to `api`.
+    pub(crate) fn key(api: Api, body: &[u8]) -> u128 {
+        xxh3_128_with_seed(body, api as u64)
+    }
+
+    /// The render of the bytes behind `key`, if one is cached.
+    pub(crate) fn get(&self, key: u128) -> Option<Arc<Rendered>> {
+        let hit = self.cache.get(&key);
+        let counter = if hit.is_some() {
+            &self.hits
+        } else {
+            &self.misses
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+        hit
+    }
+
+    /// Lookups so far: (hits, misses).
+    pub(crate) fn stats(&self) -> (u64, u64) {
+        (
+            self.hits.load(Ordering::Relaxed),
+            self.misses.load(Ordering::Relaxed),
+        )
+    }
+
+    /// Caches the render of the bytes behind `key`.
+    pub(crate) fn insert(&self, key: u128, rendered: Rendered) {
+        self.cache.insert(key, Arc::new(rendered));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Off when asked, and for a template (or tool-use template) that reads the clock.
+    #[test]
+    fn off_for_a_zero_budget_or_a_clock_reading_template() {
+        let plain = "{{ messages[0].content }}";
+        let clock = "{{ strftime_now('%d %b %Y') }}";
+        let rows: [(&str, u64, [Option<&str>; 2], bool); 4] = [
+            ("on", 1 << 20, [Some(plain), None], true),
+            ("zero budget", 0, [Some(plain), None], false),
+            (
+                "chat template reads the clock",
+                1 << 20,
+                [Some(clock), None],
+                false,
+            ),
+            (
+                "tool-use template reads the clock",
+                1 << 20,
+                [Some(plain), Some(clock)],
+                false,
+            ),
+        ];
+        for (name, bytes, sources, on) in rows {
+            assert_eq!(RenderCache::new(bytes, &sources).is_some(), on, "{name}");
+        }
+    }
+
+    /// One bit of the body, or the API, makes another key.
+    #[test]
+    fn keys_follow_every_byte_and_the_api() {
+        let body = br#"{"messages":[{"role":"user","content":"1.0"}]}"#;
+        let mut other = body.to_vec();
+        other[35] ^= 1;
+        let key = RenderCache::key(Api::ChatCompletions, body);
+        assert_eq!(key, RenderCache::key(Api::ChatCompletions, body));
+        assert_ne!(key, RenderCache::key(Api::ChatCompletions, &other));
+        assert_ne!(key, RenderCache::key(Api::Messages, body));
+    }
+}
