@@ -230,7 +230,7 @@ impl Proxy {
                 }
             }
             match self
-                .attempt(&ep, method, path, &headers, routed.sealed())
+                .attempt(&ep, method, path, headers, routed.sealed())
                 .await
             {
                 Ok(response) => {
@@ -280,7 +280,7 @@ impl Proxy {
         ep: &EndpointState,
         method: &Method,
         path: &str,
-        headers: &HeaderMap,
+        headers: HeaderMap,
         sealed: &SealedRequest,
     ) -> Result<Response<Incoming>, AttemptError> {
         let req = upstream_request(ep, method, path, headers, sealed.body().clone())
@@ -350,7 +350,7 @@ fn upstream_request(
     ep: &EndpointState,
     method: &Method,
     path: &str,
-    headers: &HeaderMap,
+    headers: HeaderMap,
     body: Bytes,
 ) -> Result<http::Request<Full<Bytes>>, ProxyError> {
     let uri = ep.uri_for(path).map_err(|e| ProxyError::UpstreamUri {
@@ -362,7 +362,7 @@ fn upstream_request(
     let mut req = http::Request::new(Full::new(body));
     *req.method_mut() = method.clone();
     *req.uri_mut() = uri;
-    *req.headers_mut() = headers.clone();
+    *req.headers_mut() = headers;
     if let Ok(host) = HeaderValue::from_str(ep.authority().as_str()) {
         req.headers_mut().insert(header::HOST, host);
     }
@@ -394,7 +394,7 @@ mod tests {
         let mut headers = HeaderMap::new();
         headers.insert("x-a", HeaderValue::from_static("1"));
         let body = Bytes::from_static(b"{}");
-        let req = upstream_request(&ep, &Method::POST, "/v1/x?q=1", &headers, body).unwrap();
+        let req = upstream_request(&ep, &Method::POST, "/v1/x?q=1", headers, body).unwrap();
         assert_eq!(req.uri(), "http://127.0.0.1:9/base/v1/x?q=1");
         assert_eq!(req.headers()["host"], "127.0.0.1:9");
         assert_eq!(req.headers()["content-length"], "2");
@@ -405,7 +405,7 @@ mod tests {
     #[test]
     fn bad_upstream_uri_is_an_internal_error() {
         let ep = endpoint("http://127.0.0.1:9");
-        let err = upstream_request(&ep, &Method::POST, "/a b", &HeaderMap::new(), Bytes::new())
+        let err = upstream_request(&ep, &Method::POST, "/a b", HeaderMap::new(), Bytes::new())
             .unwrap_err();
         assert!(
             matches!(&err, ProxyError::UpstreamUri { endpoint, path, .. }

@@ -1,7 +1,7 @@
 //! The response path: engine response → client response, model-name restore, `usage` watch.
 
 use bytes::Bytes;
-use http::{HeaderMap, HeaderValue, Response, StatusCode, header};
+use http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode, header};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use kvgate_request::{SealedRequest, SseModelRewriter};
@@ -21,15 +21,15 @@ use crate::{
 const MAX_REWRITE_BODY: usize = 64 << 20;
 
 /// Hop-by-hop headers, which a proxy must not forward.
-const HOP_BY_HOP: [&str; 8] = [
-    "connection",
-    "keep-alive",
-    "proxy-authenticate",
-    "proxy-authorization",
-    "proxy-connection",
-    "te",
-    "trailer",
-    "upgrade",
+static HOP_BY_HOP: [HeaderName; 8] = [
+    header::CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    header::PROXY_AUTHENTICATE,
+    header::PROXY_AUTHORIZATION,
+    HeaderName::from_static("proxy-connection"),
+    header::TE,
+    header::TRAILER,
+    header::UPGRADE,
 ];
 
 impl Proxy {
@@ -246,38 +246,184 @@ pub(super) fn is_routing_header(name: &str) -> bool {
 /// `host` and `content-length` (set per attempt), with the request id. The scheduler's own
 /// headers (e.g. `x-prefiller-host-port`) are added after this, per pick.
 pub(super) fn upstream_headers(client: &HeaderMap, request_id: &str) -> HeaderMap {
-    let mut headers = client.clone();
-    strip_hop_by_hop(&mut headers);
-    let routing: Vec<http::HeaderName> = headers
-        .keys()
-        .filter(|name| is_routing_header(name.as_str()))
-        .cloned()
-        .collect();
-    for name in routing {
-        headers.remove(name);
+    // Built anew from what is kept: cheaper than a copy of the client's map and the removals.
+    let named = connection_named(client);
+    let mut headers = HeaderMap::with_capacity(client.keys_len() + 1);
+    for (name, value) in client {
+        let dropped = HOP_BY_HOP.contains(name)
+            || named.contains(name)
+            || is_routing_header(name.as_str())
+            || name == header::HOST
+            || name == header::CONTENT_LENGTH
+            || name == header::TRANSFER_ENCODING;
+        if !dropped {
+            headers.append(name, value.clone());
+        }
     }
-    headers.remove(header::HOST);
-    headers.remove(header::CONTENT_LENGTH);
-    headers.remove(header::TRANSFER_ENCODING);
     if let Ok(v) = HeaderValue::from_str(request_id) {
         headers.insert(REQUEST_ID, v);
     }
     headers
 }
 
+/// Removes the hop-by-hop headers from `headers`: [`HOP_BY_HOP`] and those named in
+/// `Connection`.
 pub(super) fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    // Headers named in `Connection` are hop-by-hop too.
-    let named: Vec<String> = headers
+    if !headers.keys().any(|name| HOP_BY_HOP.contains(name)) {
+        // No `Connection` either, so nothing is named in one.
+        return;
+    }
+    for name in connection_named(headers) {
+        headers.remove(name);
+    }
+    for name in &HOP_BY_HOP {
+        headers.remove(name);
+    }
+}
+
+/// The header names listed in `Connection` (hop-by-hop too); names that are not valid
+/// header names are skipped (no header can have them).
+fn connection_named(headers: &HeaderMap) -> Vec<HeaderName> {
+    headers
         .get_all(header::CONNECTION)
         .iter()
         .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(',').map(|s| s.trim().to_ascii_lowercase()))
-        .collect();
-    for name in HOP_BY_HOP
-        .iter()
-        .copied()
-        .chain(named.iter().map(String::as_str))
-    {
-        headers.remove(name);
+        .flat_map(|v| v.split(','))
+        .filter_map(|s| HeaderName::from_bytes(s.trim().as_bytes()).ok())
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Header pairs, in order.
+    type Pairs = &'static [(&'static str, &'static str)];
+
+    fn map(pairs: &[(&str, &str)]) -> HeaderMap {
+        let mut m = HeaderMap::new();
+        for (k, v) in pairs {
+            m.append(
+                HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                HeaderValue::from_str(v).unwrap(),
+            );
+        }
+        m
+    }
+
+    /// One header added to an ordinary request per row: forwarded or not. What every row
+    /// keeps (both values of a repeated header, in order) and the request id are checked too.
+    #[test]
+    fn upstream_headers_drop_exactly_what_must_not_reach_the_engine() {
+        let base = [
+            ("content-type", "application/json"),
+            ("accept", "a"),
+            ("accept", "b"),
+        ];
+        let rows: [(&str, Pairs, &str, bool); 12] = [
+            (
+                "an ordinary header",
+                &[("authorization", "Bearer k")],
+                "authorization",
+                true,
+            ),
+            (
+                "keep-alive",
+                &[("keep-alive", "timeout=5")],
+                "keep-alive",
+                false,
+            ),
+            ("upgrade", &[("upgrade", "h2c")], "upgrade", false),
+            (
+                "proxy-connection",
+                &[("proxy-connection", "x")],
+                "proxy-connection",
+                false,
+            ),
+            ("te", &[("te", "trailers")], "te", false),
+            (
+                "named in Connection, any case, spaced",
+                &[("connection", "close ,  X-Hop"), ("x-hop", "1")],
+                "x-hop",
+                false,
+            ),
+            (
+                "not named in Connection",
+                &[("connection", "close"), ("x-hop", "1")],
+                "x-hop",
+                true,
+            ),
+            (
+                "a routing header",
+                &[("x-prefiller-host-port", "h:1")],
+                "x-prefiller-host-port",
+                false,
+            ),
+            (
+                "a routing prefix",
+                &[("x-kvgate-debug", "1")],
+                "x-kvgate-debug",
+                false,
+            ),
+            ("host", &[("host", "router:80")], "host", false),
+            (
+                "content-length",
+                &[("content-length", "10")],
+                "content-length",
+                false,
+            ),
+            (
+                "transfer-encoding",
+                &[("transfer-encoding", "chunked")],
+                "transfer-encoding",
+                false,
+            ),
+        ];
+        for (row, extra, name, forwarded) in rows {
+            let client = map(&[&base[..], extra, &[("x-request-id", "client")]].concat());
+            let got = upstream_headers(&client, "rid");
+            assert_eq!(got.contains_key(name), forwarded, "{row}");
+            assert!(!got.contains_key(header::CONNECTION), "{row}");
+            assert_eq!(got["content-type"], "application/json", "{row}");
+            let accept: Vec<_> = got.get_all("accept").iter().collect();
+            assert_eq!(accept, ["a", "b"], "{row}");
+            let ids: Vec<_> = got.get_all(REQUEST_ID).iter().collect();
+            assert_eq!(ids, ["rid"], "{row}");
+        }
+    }
+
+    /// An engine response loses its hop-by-hop headers and those its `Connection` names;
+    /// without any, it is left as it is.
+    #[test]
+    fn hop_by_hop_headers_leave_a_response() {
+        let rows: [(&str, Pairs, &[&str]); 4] = [
+            (
+                "none",
+                &[("content-type", "a"), ("x-a", "1")],
+                &["content-type", "x-a"],
+            ),
+            (
+                "connection",
+                &[("connection", "keep-alive"), ("x-a", "1")],
+                &["x-a"],
+            ),
+            (
+                "named",
+                &[("connection", "X-A, bad name"), ("x-a", "1"), ("x-b", "2")],
+                &["x-b"],
+            ),
+            (
+                "trailer without connection",
+                &[("trailer", "x"), ("x-a", "1")],
+                &["x-a"],
+            ),
+        ];
+        for (row, headers, left) in rows {
+            let mut m = map(headers);
+            strip_hop_by_hop(&mut m);
+            let mut names: Vec<_> = m.keys().map(HeaderName::as_str).collect();
+            names.sort_unstable();
+            assert_eq!(names, left, "{row}");
+        }
     }
 }
