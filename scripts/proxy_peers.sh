@@ -11,8 +11,14 @@
 #   kvgate-tok    kvgate serve with the local Qwen3 tokenizer and a KV-event endpoint, so every
 #                 request is tokenized and scored precisely (the same body each time: the
 #                 repeated-prefix case, where the segment cache serves the chunks)
+#   nginx-proxy   nginx (one worker, upstream keep-alive) as a plain reverse proxy: no router
+#                 work at all, the reference for what a proxy hop costs on this machine
+#                 (not in the default list)
 # Load, per target and round: wrk (closed loop, -t1 -c16, DURATION s) for req/s and latency,
-# then hey at a fixed 500 req/s (-c 10 -q 50) for p50/p99 at that rate. Round 2 runs the
+# then hey at a fixed 500 req/s (-c 10 -q 50) for p50/p99 at that rate. The router's CPU time
+# (user + system, its process and direct children, from /proc) over the wrk run, divided by
+# the requests wrk completed, is its CPU per request: on a machine the router shares with wrk
+# and the engine, a steadier measure of its cost than req/s. Round 2 runs the
 # targets in the reverse order. One engine, one router at a time; all on this machine.
 #
 # With --instructions N, each target instead runs under valgrind's callgrind: after a 200-request
@@ -40,7 +46,7 @@ while (($#)); do
     --targets) IFS=',' read -r -a TARGETS <<<"$2"; shift 2 ;;
     --out) OUT=$2; shift 2 ;;
     --instructions) INSTRUCTIONS=$2; shift 2 ;;
-    -h|--help) sed -n '2,29p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,35p' "$0"; exit 0 ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -134,6 +140,16 @@ PIDS+=("$NGINX_PID")
 ENGINE="http://127.0.0.1:$ENGINE_PORT"
 wait_http "$ENGINE/health" "$NGINX_PID" nginx
 
+# CPU ticks (user + system) of the target's process and its direct children; empty for direct.
+cpu_ticks() {
+  [[ $1 == direct ]] && return 0
+  local p sum=0
+  for p in "$TPID" $(pgrep -P "$TPID" || true); do
+    [[ -r /proc/$p/stat ]] && sum=$((sum + $(awk '{print $14 + $15}' "/proc/$p/stat")))
+  done
+  echo "$sum"
+}
+
 start_target() { # NAME -> sets URL, TPID
   local name=$1 port prom logf="$OUT/logs/$1.log"
   port=$(free_port); prom=$(free_port)
@@ -143,6 +159,35 @@ start_target() { # NAME -> sets URL, TPID
     wrap=(valgrind --tool=callgrind "--callgrind-out-file=$OUT/logs/$name.callgrind")
   case $name in
     direct) URL=$ENGINE; TPID=$NGINX_PID; return 0 ;;
+    nginx-proxy)
+      ((INSTRUCTIONS == 0)) || die "nginx-proxy has no instruction count (run it without --instructions)"
+      cat >"$WORK/nginx-proxy.conf" <<EOC
+worker_processes 1;
+daemon off;
+pid $WORK/nginx-proxy.pid;
+error_log $OUT/logs/nginx-proxy.error.log warn;
+events { worker_connections 4096; }
+http {
+  access_log off;
+  client_body_temp_path $WORK;
+  proxy_temp_path $WORK;
+  fastcgi_temp_path $WORK;
+  uwsgi_temp_path $WORK;
+  scgi_temp_path $WORK;
+  keepalive_requests 1000000;
+  upstream engine { server 127.0.0.1:$ENGINE_PORT; keepalive 64; }
+  server {
+    listen 127.0.0.1:$port;
+    location / {
+      proxy_pass http://engine;
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+      client_body_buffer_size 64k;
+    }
+  }
+}
+EOC
+      "$NGINX" -p "$WORK" -c "$WORK/nginx-proxy.conf" >"$logf" 2>&1 & ;;
     vllm-rr)
       "${wrap[@]}" "$PEERS_VENV/bin/python3" "$PEERS_VENV/bin/vllm-router" --host 127.0.0.1 \
         --port "$port" --prometheus-host 127.0.0.1 --prometheus-port "$prom" \
@@ -238,14 +283,19 @@ for ((round = 1; round <= ROUNDS; round++)); do
   for t in "${order[@]}"; do
     start_target "$t"
     wrk -t1 -c16 -d1s -s "$WORK/post.lua" "$URL/v1/chat/completions" >/dev/null 2>&1 # warm-up
+    ticks_before=$(cpu_ticks "$t")
     wrk -t1 -c16 -d"${DURATION}s" --latency -s "$WORK/post.lua" "$URL/v1/chat/completions" \
       >"$OUT/logs/$t.r$round.wrk.txt" 2>&1
+    ticks_after=$(cpu_ticks "$t")
     hey -z "${DURATION}s" -c 10 -q 50 -m POST -T application/json -D "$WORK/body.json" \
       "$URL/v1/chat/completions" >"$OUT/logs/$t.r$round.hey.txt" 2>&1
     stop_target "$t"
-    python3 - "$t" "$round" "$OUT/logs/$t.r$round.wrk.txt" "$OUT/logs/$t.r$round.hey.txt" >>"$RESULTS" <<'EOF'
+    python3 - "$t" "$round" "$OUT/logs/$t.r$round.wrk.txt" "$OUT/logs/$t.r$round.hey.txt" \
+      "$ticks_before" "$ticks_after" "$(getconf CLK_TCK)" >>"$RESULTS" <<'EOF'
 import json, re, sys
 name, rnd, wrk_path, hey_path = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+ticks = (sys.argv[5], sys.argv[6])
+clk_tck = float(sys.argv[7])
 wrk, hey = open(wrk_path).read(), open(hey_path).read()
 def ms(v, unit):
     return float(v) * {"us": 1e-3, "ms": 1.0, "s": 1e3}[unit]
@@ -259,11 +309,16 @@ rps = re.search(r"Requests/sec:\s+([\d.]+)", wrk)
 non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", wrk)
 errs = re.search(r"Socket errors: (.*)", wrk)
 hey_rps = re.search(r"Requests/sec:\s+([\d.]+)", hey)
+done = re.search(r"^\s*(\d+) requests in", wrk, re.M)
+cpu_us = None
+if all(ticks) and done and int(done.group(1)) > 0:
+    cpu_us = (int(ticks[1]) - int(ticks[0])) / clk_tck / int(done.group(1)) * 1e6
 codes = dict((int(c), int(n)) for c, n in re.findall(r"\[(\d+)\]\s+(\d+) responses", hey))
 print(json.dumps({"target": name, "round": rnd,
     "wrk_rps": float(rps.group(1)) if rps else None,
     "wrk_p50_ms": wrk_pct(50), "wrk_p99_ms": wrk_pct(99),
     "wrk_non2xx": int(non2xx.group(1)) if non2xx else 0, "wrk_socket_errors": errs.group(1) if errs else None,
+    "cpu_us_per_request": cpu_us,
     "hey_rps": float(hey_rps.group(1)) if hey_rps else None,
     "hey_p50_ms": hey_pct(50), "hey_p99_ms": hey_pct(99), "hey_codes": codes}))
 EOF
@@ -282,19 +337,23 @@ def each(t, k, fmt):
     return ", ".join(fmt.format(r[k]) if r[k] is not None else "?" for r in rows if r["target"] == t)
 print("# Proxy path side by side\n")
 print(open(sys.argv[2]).read())
-print("| target | wrk req/s (each round) | wrk p50 / p99 ms (median) | hey @500/s p50 / p99 ms (median) | non-2xx |")
-print("|---|---|---|---|---|")
+print("| target | wrk req/s (each round) | wrk p50 / p99 ms (median) | hey @500/s p50 / p99 ms (median) | router CPU µs per request (each round) | non-2xx |")
+print("|---|---|---|---|---|---|")
 for t in targets:
     bad = sum(r["wrk_non2xx"] + sum(n for c, n in r["hey_codes"].items() if int(c) != 200) for r in rows if r["target"] == t)
+    cpu = "—" if t == "direct" else each(t, "cpu_us_per_request", "{:.1f}")
     print(f"| {t} | {each(t, 'wrk_rps', '{:,.0f}')} | {med(t, 'wrk_p50_ms'):.2f} / {med(t, 'wrk_p99_ms'):.2f} "
-          f"| {med(t, 'hey_p50_ms'):.2f} / {med(t, 'hey_p99_ms'):.2f} | {bad} |")
+          f"| {med(t, 'hey_p50_ms'):.2f} / {med(t, 'hey_p99_ms'):.2f} | {cpu} | {bad} |")
 def ratio(a, b, k):
     x, y = med(a, k), med(b, k)
     return None if x is None or y is None or y == 0 else x / y
 print("\nRatios of medians:")
-for a, b in [("kvgate", "vllm-rr"), ("kvgate", "direct"), ("kvgate-tok", "smg-cache")]:
+for a, b in [("kvgate", "vllm-rr"), ("kvgate", "direct"), ("kvgate", "nginx-proxy"), ("kvgate-tok", "smg-cache")]:
     if a in targets and b in targets:
         print(f"- {a} / {b} req/s: {ratio(a, b, 'wrk_rps'):.2f}x")
+for a, b in [("kvgate", "vllm-rr"), ("kvgate-tok", "smg-cache")]:
+    if a in targets and b in targets and ratio(a, b, "cpu_us_per_request"):
+        print(f"- {a} / {b} CPU per request: {ratio(a, b, 'cpu_us_per_request'):.2f}x")
 if {"kvgate", "vllm-rr", "direct"} <= set(targets):
     d = med("direct", "wrk_p50_ms")
     print(f"- added wrk p50 over direct: kvgate {med('kvgate', 'wrk_p50_ms') - d:.2f} ms, "
