@@ -4,6 +4,7 @@
 //! blocking pool.
 
 use std::path::Path;
+use std::sync::Arc;
 
 use kvgate_request::Api;
 use serde_json::Value;
@@ -58,8 +59,9 @@ pub struct LocalTokenizer {
 
 /// The first prompt of a request, rendered and validated as [`LocalTokenizer::tokenize`] does.
 pub(crate) enum PromptSource {
-    /// A text prompt still to be encoded, and its `add_special_tokens`.
-    Text(String, bool),
+    /// A text prompt still to be encoded, its `add_special_tokens`, and its render-cache
+    /// entry (where the ids go once the whole text is encoded).
+    Text(String, bool, Option<Arc<Rendered>>),
     /// Prompts that are not one text (token ids, several strings): fully tokenized already.
     Done(Vec<PromptTokens>),
 }
@@ -284,9 +286,12 @@ impl LocalTokenizer {
     /// A [`BackendError`] naming why the request cannot be served locally.
     pub fn tokenize(&self, api: Api, body: &[u8]) -> Result<Vec<PromptTokens>, BackendError> {
         match self.prompt_source(api, body)? {
-            PromptSource::Text(text, add_special) => {
+            PromptSource::Text(text, add_special, entry) => {
                 let ids = self.encode(&text, add_special)?;
                 empty_prompt(api, &ids)?;
+                if let Some(entry) = entry {
+                    entry.set_ids(&ids);
+                }
                 Ok(vec![PromptTokens::text(ids)])
             }
             PromptSource::Done(prompts) => Ok(prompts),
@@ -307,16 +312,22 @@ impl LocalTokenizer {
             Api::ChatCompletions | Api::Messages | Api::Responses => {
                 let Some(renders) = &self.renders else {
                     let rendered = self.render_chat(api, body)?;
-                    return Ok(PromptSource::Text(rendered.text, rendered.add_special));
+                    return Ok(PromptSource::Text(
+                        rendered.text,
+                        rendered.add_special,
+                        None,
+                    ));
                 };
                 let key = RenderCache::key(api, body);
-                if let Some(hit) = renders.get(key) {
-                    return Ok(PromptSource::Text(hit.text.clone(), hit.add_special));
+                let entry = match renders.get(key) {
+                    Some(hit) => hit,
+                    None => renders.insert(key, self.render_chat(api, body)?),
+                };
+                if let Some(ids) = entry.ids() {
+                    return Ok(PromptSource::Done(vec![PromptTokens::text(ids.to_vec())]));
                 }
-                let rendered = self.render_chat(api, body)?;
-                let source = PromptSource::Text(rendered.text.clone(), rendered.add_special);
-                renders.insert(key, rendered);
-                Ok(source)
+                let text = entry.text.clone();
+                Ok(PromptSource::Text(text, entry.add_special, Some(entry)))
             }
             Api::Completions => self.completion_source(&Self::parse(body)?.0),
             other => {
@@ -335,7 +346,7 @@ impl LocalTokenizer {
         let (value, ints) = Self::parse(body)?;
         let (input, add_special) = self.chat_input(api, &value, ints)?;
         let text = self.template()?.render(&input).map_err(render_error)?;
-        Ok(Rendered { text, add_special })
+        Ok(Rendered::new(text, add_special))
     }
 
     fn completion_source(&self, body: &Value) -> Result<PromptSource, BackendError> {
@@ -362,7 +373,7 @@ impl LocalTokenizer {
         let prompt = obj.get("prompt").ok_or_else(|| invalid("prompt missing"))?;
         if let Value::String(s) = prompt {
             // Empty ids are rejected once encoded (`empty_prompt`).
-            return Ok(PromptSource::Text(s.clone(), add_special));
+            return Ok(PromptSource::Text(s.clone(), add_special, None));
         }
         let prompts = match prompt {
             Value::Array(items) if items.is_empty() => return Err(invalid("prompt is empty")),

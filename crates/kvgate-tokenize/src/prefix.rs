@@ -33,6 +33,7 @@ use kvgate_request::Api;
 
 use crate::local::{LocalTokenizer, PromptSource, empty_prompt};
 use crate::outcome::{BackendError, FallbackReason};
+use crate::render_cache::Rendered;
 
 /// Trailing ids of an incomplete prefix that are withheld (safety margin).
 pub const SAFETY_MARGIN_TOKENS: usize = 8;
@@ -173,6 +174,8 @@ pub struct PrefixSession {
     probed: bool,
     /// A segmented text's first pass may be a probe ([`PrefixSession::without_probe`]).
     may_probe: bool,
+    /// The render-cache entry of the request's bytes: the ids go there once complete.
+    rendered: Option<Arc<Rendered>>,
 }
 
 impl PrefixSession {
@@ -186,17 +189,20 @@ impl PrefixSession {
         api: Api,
         body: &[u8],
     ) -> Result<PrefixSession, BackendError> {
-        let (text, add_special, ids, complete) = match tokenizer.prompt_source(api, body)? {
-            PromptSource::Done(prompts) => {
-                let ids = prompts
-                    .into_iter()
-                    .next()
-                    .map(|p| p.token_ids)
-                    .unwrap_or_default();
-                (String::new(), false, ids, true)
-            }
-            PromptSource::Text(text, add_special) => (text, add_special, Vec::new(), false),
-        };
+        let (text, add_special, ids, complete, rendered) =
+            match tokenizer.prompt_source(api, body)? {
+                PromptSource::Done(prompts) => {
+                    let ids = prompts
+                        .into_iter()
+                        .next()
+                        .map(|p| p.token_ids)
+                        .unwrap_or_default();
+                    (String::new(), false, ids, true, None)
+                }
+                PromptSource::Text(text, add_special, rendered) => {
+                    (text, add_special, Vec::new(), false, rendered)
+                }
+            };
         let segmented = tokenizer.segments.has_cached_pieces(&text);
         Ok(PrefixSession {
             tokenizer,
@@ -210,6 +216,7 @@ impl PrefixSession {
             complete,
             probed: false,
             may_probe: true,
+            rendered,
         })
     }
 
@@ -288,7 +295,7 @@ impl PrefixSession {
             self.ids = t.encode(&self.text, self.add_special)?;
             empty_prompt(self.api, &self.ids)?;
             self.pos = self.text.len();
-            self.complete = true;
+            self.completed();
             return Ok(());
         }
         let bytes = self.text.as_bytes();
@@ -303,7 +310,7 @@ impl PrefixSession {
             self.ids = t.encode(&self.text, self.add_special)?;
             empty_prompt(self.api, &self.ids)?;
             self.pos = len;
-            self.complete = true;
+            self.completed();
             return Ok(());
         }
         if self.pos == 0
@@ -325,13 +332,21 @@ impl PrefixSession {
                 {
                     self.ids.extend_from_slice(trail);
                 }
-                self.complete = true;
+                self.completed();
                 return Ok(());
             }
             if self.ids.len() >= budget {
                 return Ok(());
             }
             cut = t.segments.next_cut(self.text.as_bytes(), self.pos);
+        }
+    }
+
+    /// Marks the session complete and gives its ids to the render cache.
+    fn completed(&mut self) {
+        self.complete = true;
+        if let Some(rendered) = self.rendered.take() {
+            rendered.set_ids(&self.ids);
         }
     }
 

@@ -4,25 +4,50 @@
 //! of the request's bytes and its API once the tokenizer is loaded, unless the template reads
 //! the clock (`strftime_now`): then this cache is off. A request whose bytes an earlier one
 //! sent exactly — a sampling group or an RL rollout sending one prompt many times, a client's
-//! retry, siblings of a burst — takes the earlier render instead of repeating it. Keys are a
-//! 128-bit hash of the bytes (seeded by the API), as in the segment cache; errors are not
-//! cached (they are recomputed, and are as cheap as the parse that finds them).
+//! retry, siblings of a burst — takes the earlier render instead of repeating it. Once one
+//! of those requests has been tokenized in full, the entry keeps the prompt's token ids too
+//! (the encode is a pure function of the rendered text), and the next one takes those. Keys
+//! are a 128-bit hash of the bytes (seeded by the API), as in the segment cache; errors are
+//! not cached (they are recomputed, and are as cheap as the parse that finds them).
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 
 use kvgate_request::Api;
 use moka::sync::Cache;
 use xxhash_rust::xxh3::xxh3_128_with_seed;
 
-/// Bytes a cached render is charged for beyond its text (key, entry, bookkeeping).
+/// Bytes a cached render is charged for beyond its text and ids (key, entry, bookkeeping).
 const ENTRY_OVERHEAD: usize = 96;
 
-/// A rendered prompt and its `add_special_tokens`.
+/// A rendered prompt, its `add_special_tokens`, and its token ids once they are known.
 #[derive(Debug)]
 pub(crate) struct Rendered {
     pub(crate) text: String,
     pub(crate) add_special: bool,
+    /// The whole prompt's ids, set by the first tokenization that encoded all of it.
+    ids: OnceLock<Arc<[u32]>>,
+}
+
+impl Rendered {
+    /// A render whose ids are not known yet.
+    pub(crate) fn new(text: String, add_special: bool) -> Rendered {
+        Rendered {
+            text,
+            add_special,
+            ids: OnceLock::new(),
+        }
+    }
+
+    /// The whole prompt's ids, if a tokenization has completed them.
+    pub(crate) fn ids(&self) -> Option<&Arc<[u32]>> {
+        self.ids.get()
+    }
+
+    /// Records the whole prompt's ids (the first record stands; they are all equal).
+    pub(crate) fn set_ids(&self, ids: &[u32]) {
+        self.ids.get_or_init(|| ids.into());
+    }
 }
 
 /// A byte-bounded cache of rendered prompts.
@@ -53,8 +78,10 @@ impl RenderCache {
         (max_bytes > 0 && !reads_clock).then(|| RenderCache {
             cache: Cache::builder()
                 .max_capacity(max_bytes)
+                // The ids come later and are about as large as the text (~4 bytes a token):
+                // the text is charged twice from the start.
                 .weigher(|_, r: &Arc<Rendered>| {
-                    u32::try_from(r.text.len() + ENTRY_OVERHEAD).unwrap_or(u32::MAX)
+                    u32::try_from(2 * r.text.len() + ENTRY_OVERHEAD).unwrap_or(u32::MAX)
                 })
                 .build(),
             hits: AtomicU64::new(0),
@@ -87,9 +114,11 @@ impl RenderCache {
         )
     }
 
-    /// Caches the render of the bytes behind `key`.
-    pub(crate) fn insert(&self, key: u128, rendered: Rendered) {
-        self.cache.insert(key, Arc::new(rendered));
+    /// Caches the render of the bytes behind `key`; returns the entry.
+    pub(crate) fn insert(&self, key: u128, rendered: Rendered) -> Arc<Rendered> {
+        let rendered = Arc::new(rendered);
+        self.cache.insert(key, Arc::clone(&rendered));
+        rendered
     }
 }
 

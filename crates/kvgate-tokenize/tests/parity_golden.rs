@@ -84,3 +84,50 @@ fn local_backend_matches_every_golden() {
         "{per_api:?}"
     );
 }
+
+/// Prefix sessions leave their ids with the render cache: on a fresh tokenizer, each chat case
+/// is encoded by a session to the end; the same bytes then give a session that is complete
+/// before any pass, and its ids are the golden ones.
+#[test]
+fn sessions_give_their_ids_to_the_render_cache() {
+    use std::sync::Arc;
+
+    use kvgate_tokenize::{LocalOptions, LocalTokenizer, PrefixSession};
+
+    let tok = Arc::new(
+        LocalTokenizer::load(
+            &kvgate_tokenize::test_util::qwen3_dir(),
+            LocalOptions::default(),
+        )
+        .unwrap(),
+    );
+    let files = collect_files(&[root().join("testdata/parity")]).unwrap();
+    let mut chats = 0;
+    for path in &files {
+        let case = load_case(path).unwrap();
+        if !matches!(
+            case.api.as_str(),
+            "chat_completions" | "messages" | "responses"
+        ) {
+            continue;
+        }
+        let api = case.api().unwrap();
+        let body = case.body.as_bytes();
+        let Ok(mut first) = PrefixSession::new(Arc::clone(&tok), api, body) else {
+            panic!("{}/{}: no session", case.api, case.name);
+        };
+        // Complete at once only when an earlier case sent the same bytes.
+        first.advance(usize::MAX).unwrap();
+        assert!(first.is_complete(), "{}/{}", case.api, case.name);
+        let again = tok.tokenize_prefix(api, body, 1).unwrap();
+        assert!(
+            again.complete,
+            "{}/{}: ids not memoized",
+            case.api, case.name
+        );
+        let expected = case.token_ids.first().cloned().unwrap_or_default();
+        assert_eq!(again.token_ids, expected, "{}/{}", case.api, case.name);
+        chats += 1;
+    }
+    assert!(chats >= 70, "{chats} chat cases");
+}
