@@ -20,9 +20,10 @@ pub struct TokenizeConfig {
     pub max_queue_wait_ms: u64,
     /// Per-tokenizer segment-cache budget, in cached token ids (default 4,000,000; 0 = off).
     pub prefix_cache_max_tokens: u64,
-    /// Per-tokenizer budget of rendered chat prompts cached by their exact request bytes, in
-    /// bytes of rendered text (default 32 MiB; 0 = off). Off by itself for a chat template
-    /// that reads the clock (`strftime_now`).
+    /// Per-tokenizer budget of rendered chat prompts (and their token ids, once known) cached
+    /// by their exact request bytes, in bytes, each entry charged twice its rendered text
+    /// (default 32 MiB; 0 = off). Off by itself for a chat template that reads the clock
+    /// (`strftime_now`).
     pub render_cache_max_bytes: u64,
     /// One entry per canonical model name.
     pub models: Vec<ModelTokenizerConfig>,

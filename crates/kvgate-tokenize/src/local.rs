@@ -26,8 +26,9 @@ use crate::template::{ChatTemplate, RenderError, TemplateInput};
 pub struct LocalOptions {
     /// Segment-cache budget in cached token ids (0 disables the cache).
     pub prefix_cache_max_tokens: u64,
-    /// Budget of the cache of rendered chat prompts by request bytes, in bytes of rendered
-    /// text (0 disables it; see [`crate::render_cache`]).
+    /// Budget of the cache of rendered chat prompts (and their ids) by request bytes, in
+    /// bytes, each entry charged twice its rendered text (0 disables it; see
+    /// `render_cache`).
     pub render_cache_max_bytes: u64,
 }
 

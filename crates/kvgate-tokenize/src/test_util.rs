@@ -26,6 +26,19 @@ pub fn qwen3() -> Arc<LocalTokenizer> {
     }))
 }
 
+/// The Qwen3 fixture with the render cache off, loaded once: for tests that drive prefix
+/// sessions over bytes tokenized before, which the cache would hand over complete.
+pub fn qwen3_without_render_cache() -> Arc<LocalTokenizer> {
+    static TOK: OnceLock<Arc<LocalTokenizer>> = OnceLock::new();
+    Arc::clone(TOK.get_or_init(|| {
+        let options = LocalOptions {
+            render_cache_max_bytes: 0,
+            ..LocalOptions::default()
+        };
+        Arc::new(LocalTokenizer::load(&qwen3_dir(), options).expect("qwen3 loads"))
+    }))
+}
+
 /// A request body the local backend panics on, in this crate's unit tests only: the seam
 /// for the pool's panic recovery.
 #[cfg(test)]

@@ -399,8 +399,9 @@ pub struct TokenizePool {
     pub max_queue_wait_ms: u64,
     /// Bound of the segment cache, in tokens.
     pub prefix_cache_max_tokens: u64,
-    /// Bound of the cache of rendered chat prompts by exact request bytes, in bytes of
-    /// rendered text per tokenizer (default 32 MiB; 0 = off).
+    /// Bound of the cache of rendered chat prompts (and their token ids) by exact request
+    /// bytes, in bytes per tokenizer, each entry charged twice its rendered text (default
+    /// 32 MiB; 0 = off).
     pub render_cache_max_bytes: u64,
     /// Precise routing with a local tokenizer tokenizes only the prompt prefix the KV index
     /// can match (default true); see [`ProxyConfig::tokenize_prefix`].

@@ -14,16 +14,7 @@ use crate::test_util::Rng;
 /// Qwen3 without the render cache: these tests drive sessions over bytes that were tokenized
 /// before, which the cache would hand over complete (`tests/parity_golden.rs` covers that).
 fn qwen() -> Arc<LocalTokenizer> {
-    static TOK: std::sync::OnceLock<Arc<LocalTokenizer>> = std::sync::OnceLock::new();
-    Arc::clone(TOK.get_or_init(|| {
-        let options = crate::LocalOptions {
-            render_cache_max_bytes: 0,
-            ..crate::LocalOptions::default()
-        };
-        Arc::new(
-            LocalTokenizer::load(&crate::test_util::qwen3_dir(), options).expect("qwen3 loads"),
-        )
-    }))
+    crate::test_util::qwen3_without_render_cache()
 }
 
 const SPACES: [&str; 9] = [" ", " ", " ", "  ", "\n", "\n\n", "\t", " \n ", "   "];
