@@ -26,8 +26,12 @@
 # router's user-space instructions per request, all threads together. These repeat to within 1%
 # from run to run, where req/s on a shared machine does not.
 #
+# With --unique, every wrk request carries its own question (a counter in the user message),
+# so no two bodies are equal: what a router's caches of whole requests cannot serve. hey
+# keeps sending the one body.
+#
 # Usage: scripts/proxy_peers.sh [--rounds N] [--duration S] [--targets a,b,...] [--out DIR]
-#        [--instructions N]
+#        [--instructions N] [--unique]
 # Env: KVGATE_BIN (default target/release/kvgate), PEERS_VENV (default
 #   ~/.cache/kvgate-peers-venv; created with vllm-router==0.1.17 sglang-router==0.3.2 when
 #   missing), KVGATE_TOKENIZER (default testdata/tokenizers/qwen3).
@@ -37,7 +41,7 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
 
-ROUNDS=2 DURATION=6 OUT=proxy-peers-out INSTRUCTIONS=0
+ROUNDS=2 DURATION=6 OUT=proxy-peers-out INSTRUCTIONS=0 UNIQUE=0
 TARGETS=(direct vllm-rr smg-rr smg-cache kvgate kvgate-tok)
 while (($#)); do
   case $1 in
@@ -46,7 +50,8 @@ while (($#)); do
     --targets) IFS=',' read -r -a TARGETS <<<"$2"; shift 2 ;;
     --out) OUT=$2; shift 2 ;;
     --instructions) INSTRUCTIONS=$2; shift 2 ;;
-    -h|--help) sed -n '2,35p' "$0"; exit 0 ;;
+    --unique) UNIQUE=1; shift ;;
+    -h|--help) sed -n '2,39p' "$0"; exit 0 ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -109,6 +114,16 @@ wrk.headers["Content-Type"] = "application/json"
 local f = io.open("$WORK/body.json", "rb")
 wrk.body = f:read("*a")
 f:close()
+if $UNIQUE == 1 then
+  -- Every request its own question: "… sentence #<run tag>-<n>."; no two bodies equal.
+  local head, tail = wrk.body:match("^(.*in one sentence)(.*)$")
+  local tag, n = "", 0
+  init = function(args) tag = args[1] or "" end
+  request = function()
+    n = n + 1
+    return wrk.format(nil, nil, nil, head .. " #" .. tag .. "-" .. n .. tail)
+  end
+end
 EOF
 
 # The engine: nginx, one worker, a fixed completion for every path.
@@ -271,7 +286,7 @@ RESULTS="$OUT/results.jsonl"
   echo "kvgate: $KVGATE ($(git rev-parse --short HEAD)$(git diff --quiet || echo ', dirty tree'))"
   echo "peers: $("$PEERS_VENV/bin/python" -m pip list 2>/dev/null | awk '$1=="vllm-router"||$1=="sglang-router"{printf "%s==%s ", $1, $2}')"
   echo "engine: nginx $("$NGINX" -v 2>&1 | sed 's|.*/||'), 1 worker, a fixed completion; body $BODY_BYTES bytes"
-  echo "load: wrk -t1 -c16 -d${DURATION}s --latency; hey -z ${DURATION}s -c 10 -q 50 (500 req/s); $ROUNDS rounds, round 2 reversed"
+  echo "load: wrk -t1 -c16 -d${DURATION}s --latency$( ((UNIQUE)) && echo ', a unique body per request'); hey -z ${DURATION}s -c 10 -q 50 (500 req/s); $ROUNDS rounds, round 2 reversed"
 } >"$OUT/meta.txt"
 cat "$OUT/meta.txt"
 
@@ -282,9 +297,9 @@ for ((round = 1; round <= ROUNDS; round++)); do
   fi
   for t in "${order[@]}"; do
     start_target "$t"
-    wrk -t1 -c16 -d1s -s "$WORK/post.lua" "$URL/v1/chat/completions" >/dev/null 2>&1 # warm-up
+    wrk -t1 -c16 -d1s -s "$WORK/post.lua" "$URL/v1/chat/completions" -- "w$round" >/dev/null 2>&1 # warm-up
     ticks_before=$(cpu_ticks "$t")
-    wrk -t1 -c16 -d"${DURATION}s" --latency -s "$WORK/post.lua" "$URL/v1/chat/completions" \
+    wrk -t1 -c16 -d"${DURATION}s" --latency -s "$WORK/post.lua" "$URL/v1/chat/completions" -- "m$round" \
       >"$OUT/logs/$t.r$round.wrk.txt" 2>&1
     ticks_after=$(cpu_ticks "$t")
     hey -z "${DURATION}s" -c 10 -q 50 -m POST -T application/json -D "$WORK/body.json" \
