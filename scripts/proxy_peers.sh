@@ -129,11 +129,13 @@ EOF
 # The engine: nginx, one worker, a fixed completion for every path.
 ENGINE_PORT=$(free_port)
 COMPLETION='{"id":"chatcmpl-0","object":"chat.completion","created":0,"model":"'$MODEL'","choices":[{"index":0,"message":{"role":"assistant","content":"A router that keeps prefixes together."},"finish_reason":"stop"}],"usage":{"prompt_tokens":520,"completion_tokens":8,"total_tokens":528}}'
-cat >"$WORK/nginx.conf" <<EOF
+# An nginx config: one worker, no access log, temp files in $WORK; $2 goes inside http { }.
+nginx_conf() { # NAME HTTP_BLOCKS
+  cat <<EOC
 worker_processes 1;
 daemon off;
-pid $WORK/nginx.pid;
-error_log $OUT/logs/nginx.error.log warn;
+pid $WORK/$1.pid;
+error_log $OUT/logs/$1.error.log warn;
 events { worker_connections 4096; }
 http {
   access_log off;
@@ -143,12 +145,14 @@ http {
   uwsgi_temp_path $WORK;
   scgi_temp_path $WORK;
   keepalive_requests 1000000;
-  server {
+$2
+}
+EOC
+}
+nginx_conf nginx "  server {
     listen 127.0.0.1:$ENGINE_PORT;
     location / { default_type application/json; return 200 '$COMPLETION'; }
-  }
-}
-EOF
+  }" >"$WORK/nginx.conf"
 "$NGINX" -p "$WORK" -c "$WORK/nginx.conf" >"$OUT/logs/nginx.log" 2>&1 &
 NGINX_PID=$!
 PIDS+=("$NGINX_PID")
@@ -176,32 +180,16 @@ start_target() { # NAME -> sets URL, TPID
     direct) URL=$ENGINE; TPID=$NGINX_PID; return 0 ;;
     nginx-proxy)
       ((INSTRUCTIONS == 0)) || die "nginx-proxy has no instruction count (run it without --instructions)"
-      cat >"$WORK/nginx-proxy.conf" <<EOC
-worker_processes 1;
-daemon off;
-pid $WORK/nginx-proxy.pid;
-error_log $OUT/logs/nginx-proxy.error.log warn;
-events { worker_connections 4096; }
-http {
-  access_log off;
-  client_body_temp_path $WORK;
-  proxy_temp_path $WORK;
-  fastcgi_temp_path $WORK;
-  uwsgi_temp_path $WORK;
-  scgi_temp_path $WORK;
-  keepalive_requests 1000000;
-  upstream engine { server 127.0.0.1:$ENGINE_PORT; keepalive 64; }
+      nginx_conf nginx-proxy "  upstream engine { server 127.0.0.1:$ENGINE_PORT; keepalive 64; }
   server {
     listen 127.0.0.1:$port;
     location / {
       proxy_pass http://engine;
       proxy_http_version 1.1;
-      proxy_set_header Connection "";
+      proxy_set_header Connection \"\";
       client_body_buffer_size 64k;
     }
-  }
-}
-EOC
+  }" >"$WORK/nginx-proxy.conf"
       "$NGINX" -p "$WORK" -c "$WORK/nginx-proxy.conf" >"$logf" 2>&1 & ;;
     vllm-rr)
       "${wrap[@]}" "$PEERS_VENV/bin/python3" "$PEERS_VENV/bin/vllm-router" --host 127.0.0.1 \
