@@ -221,6 +221,14 @@ impl TokenizerChain {
         self.steps.iter().map(Step::kind).collect()
     }
 
+    /// Counts the local tokenizer's render-cache lookups in `metrics` under this chain's model.
+    fn count_render_cache(&self, metrics: &TokenizeMetrics) {
+        if let Some(t) = self.local() {
+            let (hits, misses) = metrics.render_cache_counters(&self.model);
+            t.count_render_cache(hits, misses);
+        }
+    }
+
     /// The local tokenizer, if one is loaded.
     pub fn local(&self) -> Option<&Arc<LocalTokenizer>> {
         self.steps.iter().find_map(|s| match s {
@@ -302,6 +310,7 @@ impl TokenizeService {
         let mut chains = HashMap::new();
         for m in &config.models {
             let chain = TokenizerChain::from_config_with_tls(m, local, render_tls.as_ref())?;
+            chain.count_render_cache(&metrics);
             if chains.insert(m.model.clone(), Arc::new(chain)).is_some() {
                 return Err(BuildError::DuplicateModel(m.model.clone()));
             }
@@ -336,6 +345,7 @@ impl TokenizeService {
     ) -> Result<TokenizeService, BuildError> {
         let mut map = HashMap::new();
         for c in chains {
+            c.count_render_cache(&metrics);
             let model = c.model.clone();
             if map.insert(model.clone(), Arc::new(c)).is_some() {
                 return Err(BuildError::DuplicateModel(model));
@@ -377,6 +387,7 @@ impl TokenizeService {
             self.local,
             self.render_tls.as_ref(),
         )?);
+        chain.count_render_cache(&self.metrics);
         let mut chains = self.chains.write().unwrap_or_else(PoisonError::into_inner);
         if chains.contains_key(&cfg.model) {
             return Ok(false);

@@ -7,6 +7,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use kvgate_request::Api;
+use prometheus_client::metrics::counter::Counter;
 use serde_json::Value;
 use tokenizers::Tokenizer;
 
@@ -189,6 +190,14 @@ impl LocalTokenizer {
     /// off). See [`LocalOptions::render_cache_max_bytes`].
     pub fn render_cache_stats(&self) -> Option<(u64, u64)> {
         self.renders.as_ref().map(RenderCache::stats)
+    }
+
+    /// Counts the render cache's later lookups in the metric series `hits` and `misses` too
+    /// (the first call stands). Nothing when the cache is off.
+    pub fn count_render_cache(&self, hits: Counter, misses: Counter) {
+        if let Some(renders) = &self.renders {
+            renders.count_into(hits, misses);
+        }
     }
 
     /// Whether the segment (prefix) cache is active for this tokenizer.

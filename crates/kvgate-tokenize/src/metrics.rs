@@ -29,8 +29,12 @@ pub const TOKENIZE_PREFIX_TOTAL: &str = "kvgate_tokenize_prefix_total";
 pub const TOKENIZE_PREFIX_SKIPPED_TOKENS_TOTAL: &str =
     "kvgate_tokenize_prefix_skipped_tokens_total";
 
+/// `kvgate_tokenize_render_cache_total{model,outcome}`: lookups of the local tokenizer's
+/// rendered-prompt cache, by `outcome`: `hit` or `miss`.
+pub const RENDER_CACHE_TOTAL: &str = "kvgate_tokenize_render_cache_total";
+
 /// Each family's name and help text.
-const HELP: [(&str, &str); 7] = [
+const HELP: [(&str, &str); 8] = [
     (
         TOKENIZE_TOTAL,
         "Tokenization attempts per model, backend, outcome and fallback reason",
@@ -58,6 +62,10 @@ const HELP: [(&str, &str); 7] = [
     (
         TOKENIZE_PREFIX_SKIPPED_TOKENS_TOTAL,
         "Prompt tokens (estimated) routing did not need",
+    ),
+    (
+        RENDER_CACHE_TOTAL,
+        "Lookups of the local tokenizer's cache of rendered prompts by request bytes, by outcome",
     ),
 ];
 
@@ -106,6 +114,7 @@ pub struct TokenizeMetrics {
     pub(crate) pool: PoolCounters,
     pub(crate) prefix: Family<PrefixLabels, Counter>,
     pub(crate) prefix_skipped: Family<ModelLabels, Counter>,
+    pub(crate) render_cache: Family<PrefixLabels, Counter>,
 }
 
 fn duration_histogram() -> Histogram {
@@ -148,6 +157,7 @@ impl TokenizeMetrics {
             TOKENIZE_PREFIX_SKIPPED_TOKENS_TOTAL,
             m.prefix_skipped.clone(),
         );
+        register(registry, RENDER_CACHE_TOTAL, m.render_cache.clone());
         m
     }
 
@@ -159,7 +169,31 @@ impl TokenizeMetrics {
             pool: PoolCounters::default(),
             prefix: Family::default(),
             prefix_skipped: Family::default(),
+            render_cache: Family::default(),
         }
+    }
+
+    /// The `hit` and `miss` series of [`RENDER_CACHE_TOTAL`] for `model` (clones share them).
+    pub(crate) fn render_cache_counters(&self, model: &str) -> (Counter, Counter) {
+        let series = |outcome: &str| {
+            self.render_cache
+                .get_or_create(&PrefixLabels {
+                    model: model.to_owned(),
+                    outcome: outcome.to_owned(),
+                })
+                .clone()
+        };
+        (series("hit"), series("miss"))
+    }
+
+    /// Current value of one `kvgate_tokenize_render_cache_total` series (tests, diagnostics).
+    pub fn render_cache_value(&self, model: &str, outcome: &str) -> u64 {
+        self.render_cache
+            .get(&PrefixLabels {
+                model: model.to_owned(),
+                outcome: outcome.to_owned(),
+            })
+            .map_or(0, |c| c.get())
     }
 
     pub(crate) fn attempt(&self, model: &str, backend: &str, outcome: &str, reason: &str) {

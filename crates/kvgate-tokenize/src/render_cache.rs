@@ -15,6 +15,7 @@ use std::sync::{Arc, OnceLock};
 
 use kvgate_request::Api;
 use moka::sync::Cache;
+use prometheus_client::metrics::counter::Counter;
 use xxhash_rust::xxh3::xxh3_128_with_seed;
 
 /// Bytes a cached render is charged for beyond its text and ids (key, entry, bookkeeping).
@@ -57,6 +58,8 @@ pub(crate) struct RenderCache {
     hits: AtomicU64,
     /// Lookups that did not.
     misses: AtomicU64,
+    /// The `hit` and `miss` metric series, once the tokenizer is given to a service.
+    counters: OnceLock<(Counter, Counter)>,
 }
 
 impl std::fmt::Debug for RenderCache {
@@ -86,6 +89,7 @@ impl RenderCache {
                 .build(),
             hits: AtomicU64::new(0),
             misses: AtomicU64::new(0),
+            counters: OnceLock::new(),
         })
     }
 
@@ -97,13 +101,20 @@ impl RenderCache {
     /// The render of the bytes behind `key`, if one is cached.
     pub(crate) fn get(&self, key: u128) -> Option<Arc<Rendered>> {
         let hit = self.cache.get(&key);
-        let counter = if hit.is_some() {
-            &self.hits
-        } else {
-            &self.misses
+        let (counter, series) = match (hit.is_some(), self.counters.get()) {
+            (true, series) => (&self.hits, series.map(|(hits, _)| hits)),
+            (false, series) => (&self.misses, series.map(|(_, misses)| misses)),
         };
         counter.fetch_add(1, Ordering::Relaxed);
+        if let Some(series) = series {
+            series.inc();
+        }
         hit
+    }
+
+    /// Counts later lookups in these metric series too (the first call stands).
+    pub(crate) fn count_into(&self, hits: Counter, misses: Counter) {
+        let _ = self.counters.set((hits, misses));
     }
 
     /// Lookups so far: (hits, misses).

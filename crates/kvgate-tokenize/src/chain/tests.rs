@@ -208,3 +208,30 @@ async fn small_prefix_passes_do_not_wait_for_the_pool() {
     busy.await.unwrap().unwrap();
     queued.await.unwrap().unwrap();
 }
+
+/// The render cache's lookups are counted under the chain's model: a chat's first request
+/// misses, the same bytes again hit, bytes that differ in one character miss.
+#[tokio::test]
+async fn render_cache_lookups_are_counted_per_model() {
+    // Its own tokenizer: the shared fixture's counters belong to the first service built on it.
+    let t =
+        Arc::new(LocalTokenizer::load(&test_util::qwen3_dir(), LocalOptions::default()).unwrap());
+    let chain = TokenizerChain::new("m", &[BackendKind::Local], Some(t), None);
+    let metrics = TokenizeMetrics::unregistered();
+    let pool = PoolOptions {
+        threads: 1,
+        queue_limit: 8,
+        max_queue_wait: None,
+    };
+    let svc = TokenizeService::from_chains(vec![chain], pool, metrics.clone()).unwrap();
+    let a = r#"{"model":"m","messages":[{"role":"user","content":"1.0"}]}"#;
+    let b = r#"{"model":"m","messages":[{"role":"user","content":"1"}]}"#;
+    for (row, body, hits, misses) in [("first", a, 0, 1), ("again", a, 1, 1), ("other", b, 1, 2)] {
+        svc.tokenize(&sealed(body)).await.unwrap();
+        let got = (
+            metrics.render_cache_value("m", "hit"),
+            metrics.render_cache_value("m", "miss"),
+        );
+        assert_eq!(got, (hits, misses), "{row}");
+    }
+}
