@@ -186,14 +186,9 @@ impl LocalTokenizer {
         &self.tokenizer
     }
 
-    /// Lookups of the rendered-prompt cache so far, `(hits, misses)` (`None`: the cache is
-    /// off). See [`LocalOptions::render_cache_max_bytes`].
-    pub fn render_cache_stats(&self) -> Option<(u64, u64)> {
-        self.renders.as_ref().map(RenderCache::stats)
-    }
-
-    /// Counts the render cache's later lookups in the metric series `hits` and `misses` too
-    /// (the first call stands). Nothing when the cache is off.
+    /// Counts the render cache's later lookups in the metric series `hits` and `misses` (the
+    /// first call stands; see [`LocalOptions::render_cache_max_bytes`]). Nothing when the
+    /// cache is off.
     pub fn count_render_cache(&self, hits: Counter, misses: Counter) {
         if let Some(renders) = &self.renders {
             renders.count_into(hits, misses);

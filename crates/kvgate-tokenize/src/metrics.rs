@@ -69,12 +69,12 @@ const HELP: [(&str, &str); 8] = [
     ),
 ];
 
-/// Labels of [`TOKENIZE_PREFIX_TOTAL`].
+/// Labels of [`TOKENIZE_PREFIX_TOTAL`] and [`RENDER_CACHE_TOTAL`].
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct PrefixLabels {
     /// Canonical model name.
     pub model: String,
-    /// `stopped_early` or `complete`.
+    /// `stopped_early` or `complete` (prefix tokenizations), `hit` or `miss` (render cache).
     pub outcome: String,
 }
 

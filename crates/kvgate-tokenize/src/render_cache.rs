@@ -10,7 +10,6 @@
 //! are a 128-bit hash of the bytes (seeded by the API), as in the segment cache; errors are
 //! not cached (they are recomputed, and are as cheap as the parse that finds them).
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use kvgate_request::Api;
@@ -54,11 +53,8 @@ impl Rendered {
 /// A byte-bounded cache of rendered prompts.
 pub(crate) struct RenderCache {
     cache: Cache<u128, Arc<Rendered>>,
-    /// Lookups that found a render.
-    hits: AtomicU64,
-    /// Lookups that did not.
-    misses: AtomicU64,
-    /// The `hit` and `miss` metric series, once the tokenizer is given to a service.
+    /// The `hit` and `miss` series lookups are counted in, once the tokenizer is given to a
+    /// service ([`RenderCache::count_into`]).
     counters: OnceLock<(Counter, Counter)>,
 }
 
@@ -87,8 +83,6 @@ impl RenderCache {
                     u32::try_from(2 * r.text.len() + ENTRY_OVERHEAD).unwrap_or(u32::MAX)
                 })
                 .build(),
-            hits: AtomicU64::new(0),
-            misses: AtomicU64::new(0),
             counters: OnceLock::new(),
         })
     }
@@ -101,28 +95,15 @@ impl RenderCache {
     /// The render of the bytes behind `key`, if one is cached.
     pub(crate) fn get(&self, key: u128) -> Option<Arc<Rendered>> {
         let hit = self.cache.get(&key);
-        let (counter, series) = match (hit.is_some(), self.counters.get()) {
-            (true, series) => (&self.hits, series.map(|(hits, _)| hits)),
-            (false, series) => (&self.misses, series.map(|(_, misses)| misses)),
-        };
-        counter.fetch_add(1, Ordering::Relaxed);
-        if let Some(series) = series {
-            series.inc();
+        if let Some((hits, misses)) = self.counters.get() {
+            if hit.is_some() { hits } else { misses }.inc();
         }
         hit
     }
 
-    /// Counts later lookups in these metric series too (the first call stands).
+    /// Counts later lookups in these series (the first call stands).
     pub(crate) fn count_into(&self, hits: Counter, misses: Counter) {
         let _ = self.counters.set((hits, misses));
-    }
-
-    /// Lookups so far: (hits, misses).
-    pub(crate) fn stats(&self) -> (u64, u64) {
-        (
-            self.hits.load(Ordering::Relaxed),
-            self.misses.load(Ordering::Relaxed),
-        )
     }
 
     /// Caches the render of the bytes behind `key`; returns the entry.
