@@ -115,6 +115,15 @@ impl ScheduleMetrics {
         self.inner.duration.observe(seconds);
     }
 
+    /// Decisions counted with `kind` and `outcome` (tests).
+    #[cfg(test)]
+    pub(crate) fn decisions_value(&self, kind: &'static str, outcome: &'static str) -> u64 {
+        self.inner
+            .decisions
+            .get(&DecisionLabels { kind, outcome })
+            .map_or(0, |c| c.get())
+    }
+
     pub(crate) fn pick(&self, profile: &str, endpoint: &str) {
         self.inner
             .picks

@@ -132,12 +132,41 @@ impl Scheduler {
         result
     }
 
-    fn schedule_inner(
+    /// The endpoint a cycle over `candidates` would pick, without making the pick: no
+    /// in-flight guards, no speculative holdings (scorers' `after_pick`), no metrics, no
+    /// decision log line. `None` when the cycle fails or its handler runs more than one
+    /// profile (a disaggregated pick is not one endpoint). A stateful picker (round robin)
+    /// still advances. Prefix tokenization asks this to stop encoding once the one endpoint
+    /// that holds every block so far is the pick anyway (see `kvgate_proxy`'s `facts`).
+    pub fn dry_pick(
         &self,
         cycle: &mut CycleState,
         candidates: &[Arc<EndpointState>],
-        start: Instant,
-    ) -> Result<Decision, ScheduleError> {
+    ) -> Option<Arc<EndpointState>> {
+        let _one_at_a_time = self.cycle.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(seeds) = &self.seeds {
+            let seed = seeds
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .random();
+            cycle.reseed(seed);
+        }
+        let (mut runs, summaries) = self.run_profiles(cycle, candidates, Pick::Dry).ok()?;
+        if runs.len() != 1 {
+            return None;
+        }
+        self.handler.finish(cycle, &summaries)?;
+        let run = runs.pop()?.ok()?;
+        Some(Arc::clone(run.picked()))
+    }
+
+    /// Runs the profiles the handler asks for, in turn.
+    fn run_profiles(
+        &self,
+        cycle: &mut CycleState,
+        candidates: &[Arc<EndpointState>],
+        mode: Pick,
+    ) -> Result<ProfileRuns, ScheduleError> {
         if candidates.is_empty() {
             return Err(ScheduleError::NoCandidates);
         }
@@ -150,7 +179,7 @@ impl Scheduler {
             let Some(profile) = self.profiles.get(p) else {
                 break;
             };
-            let run = run_profile(profile, cycle, candidates);
+            let run = run_profile(profile, cycle, candidates, mode);
             summaries.push(ProfileRunSummary {
                 profile: p,
                 picked: run.is_ok(),
@@ -163,6 +192,16 @@ impl Scheduler {
             });
             runs.push(run);
         }
+        Ok((runs, summaries))
+    }
+
+    fn schedule_inner(
+        &self,
+        cycle: &mut CycleState,
+        candidates: &[Arc<EndpointState>],
+        start: Instant,
+    ) -> Result<Decision, ScheduleError> {
+        let (runs, summaries) = self.run_profiles(cycle, candidates, Pick::Make)?;
         let Some(result) = self.handler.finish(cycle, &summaries) else {
             let first_err = runs.into_iter().find_map(Result::err);
             return Err(first_err.unwrap_or(ScheduleError::NoPrimary {
@@ -201,11 +240,25 @@ impl Scheduler {
     }
 }
 
+/// The profile runs of one cycle, each with its summary for the handler.
+type ProfileRuns = (
+    Vec<Result<ProfileDecision, ScheduleError>>,
+    Vec<ProfileRunSummary>,
+);
+
+/// Whether a profile run makes its pick (scorers' `after_pick`) or only finds it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Pick {
+    Make,
+    Dry,
+}
+
 /// Filters, scores and picks within one profile.
 fn run_profile(
     profile: &Profile,
     cycle: &mut CycleState,
     candidates: &[Arc<EndpointState>],
+    mode: Pick,
 ) -> Result<ProfileDecision, ScheduleError> {
     cycle.begin_run();
     let mut alive: Vec<&Arc<EndpointState>> = candidates.iter().collect();
@@ -265,8 +318,10 @@ fn run_profile(
             picker: pname.clone(),
         });
     };
-    for ws in profile.scorers.iter() {
-        ws.scorer.after_pick(cycle, view[pick]);
+    if mode == Pick::Make {
+        for ws in profile.scorers.iter() {
+            ws.scorer.after_pick(cycle, view[pick]);
+        }
     }
     let prefix = cycle.take_prefix_match();
     let predicted_cached_tokens = prefix

@@ -377,3 +377,92 @@ fn simultaneous_cycles_see_each_others_picks() {
         assert_eq!(names.len(), N, "round {round}: picks {all:?}");
     }
 }
+
+/// A dry pick finds the endpoint the cycle picks and leaves everything as it was: no request
+/// in flight, no speculative holdings, no decision counted. One handler running two profiles
+/// has no single pick.
+#[test]
+fn a_dry_pick_finds_the_pick_and_changes_nothing() {
+    let h = handles(true);
+    for a in ["a:1", "b:1"] {
+        h.kv_index.register_endpoint(EndpointSpec {
+            key: EndpointKey::new(a, 0),
+            model: "m".into(),
+            block_size: 16,
+            capacity_blocks: None,
+        });
+    }
+    // b holds the first 4 blocks (64 tokens) of the prompt.
+    h.kv_index.apply_event(
+        kvgate_kvcache::EndpointId(1),
+        &KvEvent::BlockStored(BlockStored {
+            block_hashes: (1..=4u64).map(Into::into).collect(),
+            token_ids: (0..64).collect(),
+            block_size: 16,
+            ..BlockStored::default()
+        }),
+    );
+    let s = Scheduler::from_config(&SchedulerConfig::default_profile(true), &h).unwrap();
+    let now = Instant::now();
+    let eps: Vec<Arc<EndpointState>> = [ep("a:1").kv_id(0, true), ep("b:1").kv_id(1, true)]
+        .iter()
+        .map(|e| e.build(now))
+        .collect();
+    let f = facts().with_tokens((0..96).collect::<Vec<u32>>(), true, vec![]);
+    let keys = {
+        let mut cycle = CycleState::new(f.clone(), now);
+        (*cycle.block_keys(16).unwrap()).clone()
+    };
+    let held_by_a = || {
+        h.kv_index
+            .score(&keys, &[kvgate_kvcache::EndpointId(0)])
+            .endpoints
+            .first()
+            .map_or(0, |e| e.matched_blocks)
+    };
+    let decisions = || s.metrics.decisions_value("single", "picked");
+    let dry = s
+        .dry_pick(&mut CycleState::new(f.clone(), now), &eps)
+        .expect("a pick");
+    assert_eq!(dry.name(), "b:1", "the holder");
+    assert!(eps.iter().all(|e| e.in_flight_requests() == 0));
+    assert_eq!(decisions(), 0, "not counted");
+    let d = s
+        .schedule(&mut CycleState::new(f.clone(), now), &eps)
+        .unwrap();
+    assert_eq!(d.endpoint().name(), dry.name(), "the same pick");
+    assert_eq!(decisions(), 1);
+    assert_eq!(d.endpoint().in_flight_requests(), 1);
+    // The real pick made speculative holdings at b; a dry pick of the same facts while a
+    // holds nothing leaves a without any.
+    let a_only = [Arc::clone(&eps[0])];
+    assert_eq!(
+        s.dry_pick(&mut CycleState::new(f.clone(), now), &a_only)
+            .map(|e| e.name().to_owned()),
+        Some("a:1".to_owned())
+    );
+    assert_eq!(held_by_a(), 0, "no speculative holdings from a dry pick");
+    assert_eq!(eps[0].in_flight_requests(), 0);
+
+    let pd = Scheduler::from_config(&SchedulerConfig::from_yaml(PD).unwrap(), &h).unwrap();
+    let pd_eps: Vec<Arc<EndpointState>> = [
+        ep("a:1").label(ROLE_LABEL, "decode").kv_id(0, true),
+        ep("p:1").label(ROLE_LABEL, "prefill").waiting(0.0),
+    ]
+    .iter()
+    .map(|e| e.build(now))
+    .collect();
+    let long = facts().with_tokens((1000..1200).collect::<Vec<u32>>(), true, vec![]);
+    assert!(
+        pd.dry_pick(&mut CycleState::new(long.clone(), now), &pd_eps)
+            .is_none(),
+        "remote prefill: two runs, no single pick"
+    );
+    assert_eq!(
+        pd.schedule(&mut CycleState::new(long, now), &pd_eps)
+            .unwrap()
+            .kind(),
+        "prefill-decode",
+        "the same facts do run two profiles"
+    );
+}
