@@ -41,6 +41,7 @@ mod extension;
 mod progress;
 
 pub use extension::PinExtension;
+use extension::Settled;
 use progress::PrefillClock;
 
 /// Process-wide pick sequence (1, 2, …); 0 means never picked.
@@ -472,6 +473,8 @@ impl InFlightGuard {
                 Arc::clone(&self.endpoint),
                 pinned,
                 self.extra,
+                self.uncached,
+                self.prefilling,
             ))
         });
         Arc::downgrade(ext)
@@ -489,9 +492,14 @@ impl InFlightGuard {
             return;
         }
         self.prefilling = false;
+        let settled = self
+            .extension
+            .as_ref()
+            .map_or_else(Settled::default, |e| e.end_prefill());
         let l = &self.endpoint.load;
-        l.prefill_tokens.fetch_sub(self.uncached, Ordering::Relaxed);
-        l.prefill_ends(self.uncached, true);
+        l.prefill_tokens
+            .fetch_sub(self.uncached - settled.prefill, Ordering::Relaxed);
+        l.prefill_ends(self.uncached - settled.uncached, true);
         l.decode_tokens.fetch_add(self.prompt, Ordering::Relaxed);
         if let Some((sink, id)) = &self.shared {
             sink.prefill_done(*id);
@@ -501,16 +509,18 @@ impl InFlightGuard {
 
 impl Drop for InFlightGuard {
     fn drop(&mut self) {
-        if let Some(ext) = self.extension.take() {
-            ext.release();
-        }
+        let settled = self
+            .extension
+            .take()
+            .map_or_else(Settled::default, |e| e.release());
         let l = &self.endpoint.load;
         l.requests.fetch_sub(1, Ordering::Relaxed);
         l.uncached_tokens
-            .fetch_sub(self.uncached, Ordering::Relaxed);
+            .fetch_sub(self.uncached - settled.uncached, Ordering::Relaxed);
         if self.prefilling {
-            l.prefill_tokens.fetch_sub(self.uncached, Ordering::Relaxed);
-            l.prefill_ends(self.uncached, false);
+            l.prefill_tokens
+                .fetch_sub(self.uncached - settled.prefill, Ordering::Relaxed);
+            l.prefill_ends(self.uncached - settled.uncached, false);
         } else {
             l.decode_tokens.fetch_sub(self.prompt, Ordering::Relaxed);
         }

@@ -1,4 +1,5 @@
-//! Block keys pinned for a request after its pick ([`PinExtension`]).
+//! Block keys pinned for a request after its pick, and cached tokens found after it
+//! ([`PinExtension`]).
 //!
 //! A request routed on a prefix of its prompt (its tokenization stopped where no endpoint
 //! held more) pins only that prefix's blocks. When a sibling later completes that
@@ -6,6 +7,12 @@
 //! active KV honest, so the sibling's predicted hit there counts as pinned by a request in
 //! flight rather than as cached blocks other admissions may evict. The extension is released
 //! with the request's [`super::InFlightGuard`], whichever of the two goes first.
+//!
+//! A request routed on a prefix because the one endpoint holding all of it was the pick
+//! anyway counted every token past that prefix as uncached prefill work. When its
+//! tokenization is completed after the pick, [`PinExtension::settle_cached`] takes the tokens
+//! the endpoint turned out to hold off its pending prefill and uncached counters; the guard
+//! releases only what is left.
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -22,6 +29,8 @@ pub struct PinExtension {
     pinned_by_guard: usize,
     /// The guard's prompt tokens past its keys: at most this many move into pinned blocks.
     guard_extra: u64,
+    /// The guard's uncached tokens: at most this many can be settled as cached.
+    guard_uncached: u64,
     state: Mutex<State>,
 }
 
@@ -31,6 +40,21 @@ struct State {
     pinned: Option<(BlockKeys, u64)>,
     /// The guard dropped: nothing more is pinned.
     released: bool,
+    /// Tokens taken off the endpoint's uncached counter by [`PinExtension::settle_cached`].
+    settled: u64,
+    /// Of those, tokens taken off its pending prefill (before the first byte).
+    settled_prefill: u64,
+    /// The first byte came: the prefill counters are the guard's no more.
+    prefill_over: bool,
+}
+
+/// What the extension took off the guard's counters, for the guard to release the rest.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(super) struct Settled {
+    /// Off the uncached tokens.
+    pub(super) uncached: u64,
+    /// Off the pending prefill tokens.
+    pub(super) prefill: u64,
 }
 
 impl PinExtension {
@@ -38,12 +62,49 @@ impl PinExtension {
         endpoint: Arc<EndpointState>,
         pinned_by_guard: usize,
         guard_extra: u64,
+        guard_uncached: u64,
+        prefilling: bool,
     ) -> PinExtension {
         PinExtension {
             endpoint,
             pinned_by_guard,
             guard_extra,
-            state: Mutex::new(State::default()),
+            guard_uncached,
+            state: Mutex::new(State {
+                prefill_over: !prefilling,
+                ..State::default()
+            }),
+        }
+    }
+
+    /// The endpoint turned out to hold `tokens` more of the prompt than predicted at the
+    /// pick: takes them off the uncached tokens counted for the request and, before its first
+    /// byte, off its pending prefill (never more than the request counted, and nothing once
+    /// it ended). Returns the tokens taken.
+    pub fn settle_cached(&self, tokens: u64) -> u64 {
+        let mut st = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        if st.released {
+            return 0;
+        }
+        let n = tokens.min(self.guard_uncached - st.settled);
+        let l = &self.endpoint.load;
+        l.uncached_tokens.fetch_sub(n, Ordering::Relaxed);
+        st.settled += n;
+        if !st.prefill_over {
+            l.prefill_tokens.fetch_sub(n, Ordering::Relaxed);
+            st.settled_prefill += n;
+        }
+        n
+    }
+
+    /// The guard's first byte: what was settled off the pending prefill until now; later
+    /// settlements leave the prefill counters alone.
+    pub(super) fn end_prefill(&self) -> Settled {
+        let mut st = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        st.prefill_over = true;
+        Settled {
+            uncached: st.settled,
+            prefill: st.settled_prefill,
         }
     }
 
@@ -66,9 +127,9 @@ impl PinExtension {
         true
     }
 
-    /// Unpins what [`PinExtension::pin_rest`] pinned; later calls pin nothing. The guard
-    /// calls this before it releases its own counters.
-    pub(super) fn release(&self) {
+    /// Unpins what [`PinExtension::pin_rest`] pinned; later calls pin or settle nothing. The
+    /// guard calls this before it releases its own counters, less what was settled.
+    pub(super) fn release(&self) -> Settled {
         let mut st = self.state.lock().unwrap_or_else(PoisonError::into_inner);
         st.released = true;
         if let Some((rest, moved)) = st.pinned.take() {
@@ -76,5 +137,89 @@ impl PinExtension {
             l.active_extra_tokens.fetch_add(moved, Ordering::Relaxed);
             l.unpin(&rest);
         }
+        Settled {
+            uncached: st.settled,
+            prefill: st.settled_prefill,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::endpoint::tests::endpoint;
+
+    /// (requests, uncached, prefill, decode tokens) of `e`.
+    fn counters(e: &crate::EndpointState) -> (u64, u64, u64, u64) {
+        let l = e.load();
+        (
+            l.requests,
+            l.uncached_tokens,
+            l.prefill_tokens,
+            l.decode_tokens,
+        )
+    }
+
+    /// A request counted 1,000 uncached tokens of a 1,200-token prompt; its endpoint turned
+    /// out to hold `settle` more. One row per moment of the settlement.
+    #[test]
+    fn cached_tokens_found_after_the_pick_leave_the_counters() {
+        // (case, settle before the first byte, settle after it, taken, counters before the
+        //  first byte, counters after it)
+        let cases = [
+            (
+                "nothing settled",
+                0,
+                0,
+                0,
+                (1, 1000, 1000, 0),
+                (1, 1000, 0, 1200),
+            ),
+            (
+                "before the first byte",
+                700,
+                0,
+                700,
+                (1, 300, 300, 0),
+                (1, 300, 0, 1200),
+            ),
+            (
+                "after the first byte",
+                0,
+                700,
+                700,
+                (1, 1000, 1000, 0),
+                (1, 300, 0, 1200),
+            ),
+            (
+                "more than counted",
+                5000,
+                0,
+                1000,
+                (1, 0, 0, 0),
+                (1, 0, 0, 1200),
+            ),
+        ];
+        for (case, before, after, taken, at_pick, at_byte) in cases {
+            let e = endpoint("http://h:1", &[]);
+            let mut g = e.begin_request(1000, 1200);
+            let ext = g.extension().upgrade().expect("alive");
+            let mut got = ext.settle_cached(before);
+            assert_eq!(counters(&e), at_pick, "{case}");
+            g.prefill_done();
+            got += ext.settle_cached(after);
+            assert_eq!(got, taken, "{case}");
+            assert_eq!(counters(&e), at_byte, "{case}");
+            drop(g);
+            assert_eq!(counters(&e), (0, 0, 0, 0), "{case}: all released once");
+            assert_eq!(ext.settle_cached(100), 0, "{case}: nothing after the end");
+            assert_eq!(counters(&e), (0, 0, 0, 0), "{case}");
+        }
+        // Ended before its first byte, after a settlement.
+        let e = endpoint("http://h:1", &[]);
+        let mut g = e.begin_request(1000, 1200);
+        let ext = g.extension().upgrade().expect("alive");
+        assert_eq!(ext.settle_cached(400), 400);
+        drop(g);
+        assert_eq!(counters(&e), (0, 0, 0, 0));
     }
 }
