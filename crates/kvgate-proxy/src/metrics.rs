@@ -96,6 +96,11 @@ pub struct ProxyMetrics {
     /// request completed because its match ended where they did (a sibling of a request in
     /// flight), extending the speculative holdings over the whole prompt.
     pub parked_prefix_completions: Counter,
+    /// `kvgate_tokenize_held_prefix_settled_tokens_total`: prompt tokens that requests routed
+    /// on a prefix held by their pick (`kvgate_tokenize_prefix_total{outcome="held_by_pick"}`)
+    /// turned out to have cached there once their tokenization was completed after the pick,
+    /// taken off the endpoint's uncached and pending prefill counters.
+    pub held_prefix_settled_tokens: Counter,
     /// `kvgate_tokenize_sibling_wait_timeouts_total`: waits for a sibling's pick (a request
     /// stopped at the block another one is being placed on) that ended at
     /// `tokenize.sibling_wait_ms` before that pick was made.
@@ -139,6 +144,7 @@ impl ProxyMetrics {
             timeouts: Family::default(),
             tokenize_fallback: Family::default(),
             parked_prefix_completions: Counter::default(),
+            held_prefix_settled_tokens: Counter::default(),
             sibling_wait_timeouts: Counter::default(),
             inflight_body_bytes: Gauge::default(),
             body_budget_rejected: Counter::default(),
@@ -199,6 +205,11 @@ impl ProxyMetrics {
             "tokenize_parked_completions",
             "Parked prefix tokenizations completed by a later request whose match ended where they did",
             m.parked_prefix_completions.clone(),
+        );
+        registry.register(
+            "tokenize_held_prefix_settled_tokens",
+            "Prompt tokens found cached at the pick after a prefix tokenization held by it was completed",
+            m.held_prefix_settled_tokens.clone(),
         );
         registry.register(
             "tokenize_sibling_wait_timeouts",

@@ -68,6 +68,8 @@ pub const PREDICTED_HEADER: &str = "x-kvgate-predicted-tokens";
 /// every connection.
 #[derive(Debug)]
 pub struct Proxy {
+    /// This proxy, for work it spawns past a request's own path (a held prefix's settlement).
+    me: std::sync::Weak<Proxy>,
     pub(crate) config: ProxyConfig,
     pub(crate) registry: Arc<EndpointRegistry>,
     scheduler: ArcSwap<Scheduler>,

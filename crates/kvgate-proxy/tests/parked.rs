@@ -180,3 +180,71 @@ async fn chat_is_probed_unless_replicas_need_its_keys() {
     }
     sim.shutdown().await;
 }
+
+/// The labelled counter `name{...outcome="OUTCOME"...}` of the proxy's `/metrics`.
+async fn outcome_count(proxy: &RunningProxy, name: &str, outcome: &str) -> u64 {
+    let tag = format!("outcome=\"{outcome}\"");
+    admin_text(proxy, "/metrics")
+        .await
+        .lines()
+        .filter(|l| l.starts_with(name) && l.contains(&tag))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum::<f64>() as u64
+}
+
+/// A continuation of a long prompt that one engine computed, past what the router ever
+/// encoded of it: the engine holds every block of its first pass and is the pick anyway, so
+/// it is routed there on that prefix (`held_by_pick`); its tokenization is completed after
+/// the pick, while it decodes, and what the engine turned out to hold comes off the load
+/// counted for it there. Once it ends, nothing is left in flight.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_continuation_held_by_its_pick_is_routed_on_a_prefix_and_settled() {
+    let sim = fleet(&[
+        "--instances",
+        "2",
+        "--num-gpu-blocks",
+        "2000",
+        "--itl-ms",
+        "10",
+    ])
+    .await;
+    let yaml = endpoints_yaml(&sim, &|_| String::new()) + &models_yaml();
+    let proxy = start_proxy(&yaml).await;
+    let held = "kvgate_tokenize_prefix_total";
+    let settled = "kvgate_tokenize_held_prefix_settled_tokens_total";
+
+    // Nobody holds the first prompt: routed on its first pass, the rest never encoded.
+    let first = system_prompt(31, 5000);
+    let body = json!({"model": MODEL, "prompt": first, "max_tokens": 1});
+    let (at, _) = complete(proxy.url(), body).await;
+    // The engine's KV events for the whole prompt (over 300 blocks) reach the index.
+    loop {
+        let holdings = endpoint_counts(&proxy, "index_holdings").await;
+        if holdings.iter().any(|(e, n)| *e == at && *n >= 300) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(outcome_count(&proxy, held, "held_by_pick").await, 0);
+
+    // The continuation decodes 300 tokens at 10 ms each: in flight for seconds after its pick.
+    let next = format!("{first} {}", system_prompt(32, 200));
+    let body = json!({"model": MODEL, "prompt": next, "max_tokens": 300, "ignore_eos": true});
+    let (next_at, predicted) = complete(proxy.url(), body).await;
+    assert_eq!(next_at, at, "the continuation left its holder");
+    assert_eq!(outcome_count(&proxy, held, "held_by_pick").await, 1);
+    assert!(
+        predicted < 2000,
+        "routed on a prefix, predicted {predicted} tokens"
+    );
+    // The first prompt's ~4,600 tokens less the prefix the pick predicted.
+    let rest = counter(&proxy, settled).await;
+    assert!(
+        rest > 3000,
+        "the held rest of the prompt came off its load: {rest} tokens (predicted {predicted})"
+    );
+    wait_in_flight(&proxy, 0).await;
+    let tokens = endpoint_counts(&proxy, "in_flight_tokens").await;
+    assert!(tokens.iter().all(|(_, n)| *n == 0), "{tokens:?}");
+    sim.shutdown().await;
+}

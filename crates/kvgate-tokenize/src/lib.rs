@@ -57,7 +57,7 @@ pub use self::{
     chain::{BuildError, TokenizeError, TokenizeService, TokenizerChain},
     config::{ModelTokenizerConfig, TokenizeConfig},
     local::{LocalOptions, LocalTokenizer},
-    metrics::TokenizeMetrics,
+    metrics::{PrefixStop, TokenizeMetrics},
     outcome::{
         BackendError, BackendKind, Fallback, FallbackReason, MmItem, PromptTokens, Tokenized,
     },

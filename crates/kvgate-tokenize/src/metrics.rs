@@ -22,8 +22,31 @@ pub const PANICS_TOTAL: &str = "kvgate_tokenize_panics_total";
 /// them within the queue-wait bound (the request was routed without tokens).
 pub const QUEUE_ABANDONED_TOTAL: &str = "kvgate_tokenize_queue_abandoned_total";
 /// `kvgate_tokenize_prefix_total{model,outcome}`: prefix tokenizations (routing needed
-/// only a prefix), by `outcome`: `stopped_early` or `complete`.
+/// only a prefix), by `outcome` ([`PrefixStop::label`]).
 pub const TOKENIZE_PREFIX_TOTAL: &str = "kvgate_tokenize_prefix_total";
+/// How a prefix tokenization ended (the `outcome` of `kvgate_tokenize_prefix_total`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PrefixStop {
+    /// The whole prompt was encoded.
+    Complete,
+    /// Stopped at the first block no endpoint holds.
+    NotHeld,
+    /// Stopped while one endpoint held every block so far, because the scheduler picks it
+    /// anyway (more tokens only lengthen its match).
+    HeldByPick,
+}
+
+impl PrefixStop {
+    /// The metric label: `complete`, `stopped_early` or `held_by_pick`.
+    pub fn label(self) -> &'static str {
+        match self {
+            PrefixStop::Complete => "complete",
+            PrefixStop::NotHeld => "stopped_early",
+            PrefixStop::HeldByPick => "held_by_pick",
+        }
+    }
+}
+
 /// `kvgate_tokenize_prefix_skipped_tokens_total{model}`: prompt tokens not encoded because
 /// routing stopped early (estimated).
 pub const TOKENIZE_PREFIX_SKIPPED_TOKENS_TOTAL: &str =
@@ -215,21 +238,16 @@ impl TokenizeMetrics {
         self.attempts.get(&labels).map_or(0, |c| c.get())
     }
 
-    /// Counts one prefix tokenization: `stopped_early` (with the estimated tokens skipped) or
-    /// `complete`.
-    pub fn record_prefix(&self, model: &str, stopped_early: bool, skipped_tokens: u64) {
-        let outcome = if stopped_early {
-            "stopped_early"
-        } else {
-            "complete"
-        };
+    /// Counts one prefix tokenization by how it ended, with the estimated tokens it skipped
+    /// when it stopped before the end.
+    pub fn record_prefix(&self, model: &str, stop: PrefixStop, skipped_tokens: u64) {
         self.prefix
             .get_or_create(&PrefixLabels {
                 model: model.to_owned(),
-                outcome: outcome.to_owned(),
+                outcome: stop.label().to_owned(),
             })
             .inc();
-        if stopped_early {
+        if stop != PrefixStop::Complete {
             self.prefix_skipped
                 .get_or_create(&ModelLabels {
                     model: model.to_owned(),

@@ -98,7 +98,8 @@ impl Proxy {
             config.kv_index.speculative_ttl,
             super::parked::PARKED_MAX_BYTES,
         );
-        let proxy = Arc::new(Proxy {
+        let proxy = Arc::new_cyclic(|me| Proxy {
+            me: me.clone(),
             parked,
             config,
             registry: Arc::new(endpoints),

@@ -13,27 +13,35 @@
 //! exactly as without this. A chat prompt's first pass is a probe of its first few blocks
 //! instead, and its second the whole prompt (see `kvgate_tokenize`'s `prefix` module): a
 //! chat that starts with blocks no endpoint holds is routed without encoding the rest.
-//! Not with router replicas: a replica's peers see only the block keys its dispatch
-//! announces, so there a chat is encoded whole before it is routed.
-//! Counted in `kvgate_tokenize_prefix_total{model,outcome}` and
-//! `kvgate_tokenize_prefix_skipped_tokens_total{model}`.
+//! Growing also stops when exactly one endpoint holds every block so far and a dry run of
+//! the scheduler already picks it ([`growth`]): the rest can only lengthen that endpoint's
+//! match. The request is routed at once; its tokenization is completed right after the pick,
+//! off its path, and what the endpoint turned out to hold comes off the uncached and prefill
+//! tokens counted for it there ([`Proxy::settle_held`]).
+//! Neither the probe nor the held stop with router replicas: a replica's peers see only the
+//! block keys and load its dispatch announces, so there a chat is encoded whole before it is
+//! routed, and a long prompt as far as any match goes.
+//! Counted in `kvgate_tokenize_prefix_total{model,outcome}` (`complete`, `stopped_early`,
+//! `held_by_pick`), `kvgate_tokenize_prefix_skipped_tokens_total{model}` and
+//! `kvgate_tokenize_held_prefix_settled_tokens_total`.
 //!
 //! A request that stopped early marks the block where it stopped until its pick, so that a
 //! sibling stopping there at the same moment waits for that pick and follows it; a sibling
 //! that later completes the first one's parked session also pins the rest of that prompt at
 //! its endpoint while the first is in flight ([`super::parked`]).
 
-use std::sync::Weak;
+use std::sync::{Arc, Weak};
 
 use http::HeaderMap;
 use kvgate_kvcache::{BlockKeys, KeyScope, KvIndex, MmSpan, PrefixScores, block_keys};
 use kvgate_request::SealedRequest;
 use kvgate_schedule::{EndpointState, PinExtension, RequestFacts};
-use kvgate_tokenize::{BackendKind, MmItem, PrefixSession, TokenizeError};
+use kvgate_tokenize::{BackendKind, MmItem, PrefixSession, PrefixStop, TokenizeError};
 
 use super::Proxy;
 use super::parked::{Placing, PlacingGuard, PlacingKeys};
 use crate::{error::ProxyError, metrics::FallbackLabels};
+use growth::{DryPick, Growth};
 
 /// First prefix budget of prefix tokenization, in tokens (32 blocks of 16; the session
 /// reaches it in whole canonical chunks of about 450 tokens). A prompt whose leading chunks
@@ -111,18 +119,18 @@ fn placing_keys(
 }
 
 /// Grows `session` from [`PREFIX_TOKENS_START`] (or what it already encoded) while
-/// `more(ids)` says the match may continue. `None` when an encode failed (use full
-/// tokenization).
+/// `more(session)` says more tokens may change the pick. `None` when an encode failed (use
+/// full tokenization).
 pub(crate) async fn grow_prefix<Fut>(
     mut session: PrefixSession,
-    mut more: impl FnMut(&[u32]) -> bool,
+    mut more: impl FnMut(&PrefixSession) -> bool,
     mut extend: impl FnMut(PrefixSession, usize) -> Fut,
 ) -> Result<Option<PrefixSession>, TokenizeError>
 where
     Fut: Future<Output = Result<Option<PrefixSession>, TokenizeError>>,
 {
     let mut budget = PREFIX_TOKENS_START.max(session.encoded_tokens());
-    while !session.is_complete() && more(session.exact_ids()) {
+    while !session.is_complete() && more(&session) {
         budget = budget.saturating_mul(2);
         match extend(session, budget).await? {
             Some(s) => session = s,
@@ -180,6 +188,9 @@ pub(crate) struct PendingPrefix {
     /// Pins the rest of the prompt at the picked endpoint once a sibling completes the
     /// session, for as long as the request is in flight (set when parked).
     pins: Option<Weak<PinExtension>>,
+    /// Stopped because the one endpoint holding every block so far was the pick
+    /// ([`growth`]): completed right after the pick instead of parked.
+    held: bool,
 }
 
 impl PendingPrefix {
@@ -231,16 +242,28 @@ pub(crate) fn speculate_rest(
 impl Proxy {
     /// After the pick: when the request's tokenization stopped early and the picked endpoint
     /// now holds its whole prefix (the precise scorer's speculative insert), park the session
-    /// so that a sibling whose match ends there completes it ([`super::parked`]).
+    /// so that a sibling whose match ends there completes it ([`super::parked`]). A session
+    /// that stopped held by the pick is completed at once instead, off the request's path
+    /// ([`Proxy::settle_held`]).
     pub(super) fn park_prefix(
         &self,
         mut pending: PendingPrefix,
-        picked: &EndpointState,
+        picked: &Arc<EndpointState>,
+        predicted: u64,
         pins: Option<Weak<PinExtension>>,
     ) {
         // The pick is made: siblings following this placement match again once the guard
         // is dropped, at the end of this function (after the parking below).
         let _placed = pending.placing.take();
+        if pending.held {
+            if let Some(me) = self.me.upgrade() {
+                let picked = Arc::clone(picked);
+                tokio::spawn(
+                    async move { me.settle_held(pending, &picked, predicted, pins).await },
+                );
+            }
+            return;
+        }
         let index = &self.handles.kv_index;
         let exact = pending.session.exact_ids();
         if !speculate_rest(index, picked, pending.scope(), exact) {
@@ -253,16 +276,59 @@ impl Proxy {
         }
     }
 
+    /// Completes a session that stopped held by the pick (its endpoint held every block of
+    /// it, [`growth`]): the endpoint's hit counted at the pick was that prefix's (`predicted`
+    /// tokens), so the request's uncached and pending prefill tokens there count what the
+    /// endpoint turns out to hold past it as uncached. Once the whole prompt is encoded, that
+    /// part comes off them ([`PinExtension::settle_cached`]), the rest of the prompt is pinned
+    /// there as the request's, and the endpoint's speculative holdings cover all of it, as
+    /// for a request tokenized in full. A tokenizer that is busy skips this (counted in its
+    /// queue metrics): the counters are then released at the first byte, as before.
+    async fn settle_held(
+        &self,
+        pending: PendingPrefix,
+        picked: &EndpointState,
+        predicted: u64,
+        pins: Option<Weak<PinExtension>>,
+    ) {
+        let scope = KeyScope {
+            model: &pending.model,
+            cache_salt: pending.cache_salt.as_deref(),
+        };
+        let Ok(Some(done)) = self
+            .tokenizer
+            .extend_prefix(pending.session, usize::MAX)
+            .await
+        else {
+            return;
+        };
+        if !done.is_complete() || !picked.has_kv_events() {
+            return;
+        }
+        let index = &self.handles.kv_index;
+        let keys = block_keys(done.exact_ids(), picked.index_block_size(), scope);
+        let held = index
+            .score(&keys, &[picked.kv_id()])
+            .endpoints
+            .first()
+            .map_or(0, |s| s.predicted_cached_tokens);
+        if let Some(ext) = pins.and_then(|w| w.upgrade()) {
+            let settled = ext.settle_cached(held.saturating_sub(predicted));
+            self.metrics.held_prefix_settled_tokens.inc_by(settled);
+            ext.pin_rest(&keys);
+        }
+        index.insert_speculative(picked.kv_id(), &keys);
+    }
+
     /// Completes the parked sessions at which `session`'s match ends (at most
     /// [`MAX_COMPLETIONS_PER_REQUEST`]), extending their endpoints' speculative holdings over
     /// their whole prompts, and grows `session` over what then matches.
     async fn complete_parked(
         &self,
         mut session: PrefixSession,
-        endpoints: &[&EndpointState],
-        scope: KeyScope<'_>,
+        growth: &Growth<'_>,
     ) -> Result<Option<PrefixSession>, TokenizeError> {
-        let index = &self.handles.kv_index;
+        let (index, endpoints, scope) = (growth.index, growth.endpoints, growth.scope);
         for _ in 0..MAX_COMPLETIONS_PER_REQUEST {
             // A complete session may still end its match at a parked one: a sibling of a
             // chat prompt routed on its probe.
@@ -281,6 +347,7 @@ impl Proxy {
                         cache_salt,
                         placing: _,
                         pins,
+                        held: _,
                     } = parked;
                     if let Some(done) = self.tokenizer.extend_prefix(other, usize::MAX).await?
                         && done.is_complete()
@@ -301,7 +368,7 @@ impl Proxy {
             }
             match grow_prefix(
                 session,
-                |ids| match_may_continue(index, endpoints, scope, ids),
+                |s| growth.more(s),
                 |s, budget| self.tokenizer.extend_prefix(s, budget),
             )
             .await?
@@ -352,17 +419,21 @@ impl Proxy {
         }
         if self.config.tokenize_prefix {
             match self.prefix_tokens(sealed, &facts).await {
-                Ok(Some((session, placing))) => {
+                Ok(Some((session, placing, held))) => {
                     let (facts, skipped) = prefix_facts(facts, &session);
-                    self.tokenizer
-                        .metrics()
-                        .record_prefix(model, skipped > 0, skipped);
+                    let stop = match (skipped > 0, held) {
+                        (false, _) => PrefixStop::Complete,
+                        (true, false) => PrefixStop::NotHeld,
+                        (true, true) => PrefixStop::HeldByPick,
+                    };
+                    self.tokenizer.metrics().record_prefix(model, stop, skipped);
                     let pending = (!session.is_complete()).then(|| PendingPrefix {
                         session,
                         model: facts.lora_adapter.clone().unwrap_or(facts.model.clone()),
                         cache_salt: facts.cache_salt.clone(),
                         placing,
                         pins: None,
+                        held,
                     });
                     // A prefix session is the local tokenizer's.
                     return Ok((facts, pending, Some(BackendKind::Local)));
@@ -401,12 +472,13 @@ impl Proxy {
     /// The prefix session routing needs, when prefix tokenization applies: every endpoint has
     /// KV events and the chain starts with a local tokenizer. `None`: tokenize in full. A
     /// session that stopped early comes with the block where it stopped marked as being placed
-    /// ([`super::parked`]), unless it gave up waiting for a sibling's placement.
+    /// ([`super::parked`]), unless it gave up waiting for a sibling's placement, and whether it
+    /// stopped held by the pick ([`growth`]).
     async fn prefix_tokens(
         &self,
         sealed: &SealedRequest,
         facts: &RequestFacts,
-    ) -> Result<Option<(PrefixSession, Option<PlacingGuard>)>, TokenizeError> {
+    ) -> Result<Option<(PrefixSession, Option<PlacingGuard>, bool)>, TokenizeError> {
         let all = self.registry.endpoints();
         if all.is_empty() || !all.iter().all(|e| e.has_kv_events()) {
             return Ok(None);
@@ -432,10 +504,27 @@ impl Proxy {
             cache_salt: facts.cache_salt.as_deref(),
         };
         let index = &self.handles.kv_index;
+        let scheduler = self.scheduler.load_full();
+        let model = sealed.model();
+        let candidates = self
+            .registry
+            .healthy(std::time::Instant::now())
+            .into_iter()
+            .filter(|e| model.is_none_or(|m| e.serves(m) != Some(false)))
+            .collect();
+        // With replica peers the settlement after the pick would not reach the load they
+        // were told of: grow as far as any match goes.
+        let pick = probe.then_some(DryPick {
+            scheduler: &scheduler,
+            facts,
+            candidates,
+            parked: Some(&self.parked),
+        });
+        let growth = Growth::new(index, &endpoints, scope, pick);
         let grow = |s| {
             grow_prefix(
                 s,
-                |ids| match_may_continue(index, &endpoints, scope, ids),
+                |s| growth.more(s),
                 |s, budget| self.tokenizer.extend_prefix(s, budget),
             )
         };
@@ -447,7 +536,7 @@ impl Proxy {
         let mut placing = None;
         let mut follows = 0;
         for _ in 0..MAX_ROUNDS {
-            if session.is_complete() {
+            if session.is_complete() || growth.stopped_held() {
                 break;
             }
             if let Some(at) = placing_keys(index, &endpoints, scope, session.exact_ids()) {
@@ -486,11 +575,12 @@ impl Proxy {
                 None => return Ok(None),
             }
         }
-        let Some(session) = self.complete_parked(session, &endpoints, scope).await? else {
+        let Some(session) = self.complete_parked(session, &growth).await? else {
             return Ok(None);
         };
         let placing = placing.filter(|_| !session.is_complete());
-        Ok(Some((session, placing)))
+        let held = growth.stopped_held() && !session.is_complete();
+        Ok(Some((session, placing, held)))
     }
 
     /// The base model of `model` when some endpoint serves it as a LoRA adapter.
@@ -504,5 +594,6 @@ impl Proxy {
     }
 }
 
+mod growth;
 #[cfg(test)]
 mod tests;

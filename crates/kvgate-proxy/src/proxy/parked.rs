@@ -199,6 +199,11 @@ impl ParkedPrefixes {
     /// The parked session at which some endpoint's match of `ids` ends, if any: the match
     /// covers part of `ids`' full blocks (not all: then the request's own tokenization goes
     /// on) and its last block is a parked session's last one.
+    /// Whether a session is parked at `endpoint` whose speculative holdings end at `key`.
+    pub(crate) fn is_parked(&self, endpoint: EndpointId, key: u64) -> bool {
+        self.cache.contains_key(&(endpoint, key))
+    }
+
     pub(crate) fn at_boundary(
         &self,
         index: &KvIndex,

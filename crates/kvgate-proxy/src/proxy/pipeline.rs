@@ -410,7 +410,7 @@ impl Proxy {
                 .iter_mut()
                 .find(|g| g.endpoint().name() == endpoint.name())
                 .map(InFlightGuard::extension);
-            self.park_prefix(p, &endpoint, pins);
+            self.park_prefix(p, &endpoint, predicted.unwrap_or(0), pins);
         }
         routed.tried.push(endpoint.name().to_owned());
         Ok(Some(Pick {

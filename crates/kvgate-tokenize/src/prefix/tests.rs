@@ -9,6 +9,7 @@ use kvgate_request::Api;
 use serde_json::json;
 
 use super::*;
+use crate::PrefixStop;
 use crate::test_util::Rng;
 
 /// Qwen3 without the render cache: these tests drive sessions over bytes that were tokenized
@@ -318,11 +319,13 @@ async fn service_prefix_round_trip() {
     .unwrap()
     .seal("r2".to_owned());
     assert!(svc.tokenize_prefix(&other, 256).await.unwrap().is_none());
-    svc.metrics().record_prefix("m", true, 100);
-    svc.metrics().record_prefix("m", false, 0);
+    svc.metrics().record_prefix("m", PrefixStop::NotHeld, 100);
+    svc.metrics().record_prefix("m", PrefixStop::Complete, 0);
+    svc.metrics().record_prefix("m", PrefixStop::HeldByPick, 30);
     assert_eq!(svc.metrics().prefix_value("m", "stopped_early"), 1);
     assert_eq!(svc.metrics().prefix_value("m", "complete"), 1);
-    assert_eq!(svc.metrics().prefix_skipped_value("m"), 100);
+    assert_eq!(svc.metrics().prefix_value("m", "held_by_pick"), 1);
+    assert_eq!(svc.metrics().prefix_skipped_value("m"), 130);
 }
 
 /// A chat prompt's first pass is a probe of a few blocks (not the budget), and the next pass

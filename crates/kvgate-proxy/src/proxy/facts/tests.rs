@@ -136,14 +136,18 @@ fn fleet(
     (index, eps)
 }
 
-fn schedule(index: &KvIndex, eps: &[Arc<EndpointState>], facts: RequestFacts) -> RunView {
+/// The default precise profile's scheduler over `index`.
+fn scheduler(index: &KvIndex) -> Scheduler {
     let handles = SchedulerHandles {
         kv_index: index.clone(),
         metrics: ScheduleMetrics::new(&mut Registry::default()),
         precise: true,
     };
-    let scheduler =
-        Scheduler::from_config(&SchedulerConfig::default_profile(true), &handles).expect("cfg");
+    Scheduler::from_config(&SchedulerConfig::default_profile(true), &handles).expect("cfg")
+}
+
+fn schedule(index: &KvIndex, eps: &[Arc<EndpointState>], facts: RequestFacts) -> RunView {
+    let scheduler = scheduler(index);
     let mut cycle = CycleState::new(facts, Instant::now());
     let decision = scheduler.schedule(&mut cycle, eps).expect("a pick");
     decision.to_view().runs.remove(0)
@@ -179,7 +183,7 @@ async fn lazy_facts_of(
     let mut passes = 1;
     let session = grow_prefix(
         session,
-        |ids| match_may_continue(index, &endpoints, SCOPE, ids),
+        |s| match_may_continue(index, &endpoints, SCOPE, s.exact_ids()),
         |mut s, budget| {
             passes += 1;
             let r = s.advance(budget);
@@ -374,4 +378,111 @@ async fn sibling_sees_the_whole_prompt_speculated() {
         .find(|e| e.name() != first.picked)
         .expect("other");
     assert!(!speculate_rest(&index, other, SCOPE, session.exact_ids()));
+}
+
+/// One endpoint holds a long prompt far into it (the others a block or two), under random
+/// in-flight load on every endpoint: the prefix tokenization stops once a dry pick picks the
+/// holder, or grows on (to the end of the holder's match) while it does not, and the request
+/// goes where full tokenization sends it. Only the holder's predicted hit is short of full
+/// tokenization's; every other candidate's equals it. Some cases must stop held and some
+/// grow past a dry pick that chose another endpoint.
+#[tokio::test]
+async fn held_prefix_stops_at_the_pick_and_routes_like_full_tokens() {
+    // Full tokenization by a tokenizer of its own: the sessions' segment cache must not hold
+    // the prompts already (a held stop needs the rest to cost encoding).
+    let t = LocalTokenizer::load(
+        &kvgate_tokenize::test_util::qwen3_dir(),
+        kvgate_tokenize::LocalOptions::default(),
+    )
+    .expect("qwen3 loads");
+    let (mut held_stops, mut grown) = (0, 0);
+    for seed in 200..260 {
+        let mut rng = Rng(seed);
+        let words = 1500 + rng.below(5000);
+        let body = prompt_body(&mut rng, words);
+        let (full, keys) = full_and_keys(&t, &body);
+        let n = 2 + rng.below(3);
+        let holder = rng.below(n);
+        let held: Vec<usize> = (0..n)
+            .map(|i| {
+                if i == holder {
+                    keys.len() - rng.below(keys.len() / 3)
+                } else {
+                    rng.below(3)
+                }
+            })
+            .collect();
+        let real = vec![true; n];
+        // Prefill tokens in flight per endpoint: often none, up to a few prompts' worth.
+        let loads: Vec<u64> = (0..n)
+            .map(|_| (rng.below(3) * rng.below(3 * full.len())) as u64)
+            .collect();
+        let (ix_lazy, eps_lazy) = fleet(&held, &real, &keys);
+        let (ix_full, eps_full) = fleet(&held, &real, &keys);
+        let _in_flight: Vec<_> = eps_lazy
+            .iter()
+            .zip(&loads)
+            .chain(eps_full.iter().zip(&loads))
+            .filter(|(_, l)| **l > 0)
+            .map(|(e, &l)| e.begin_request(l, l))
+            .collect();
+        let dry = scheduler(&ix_lazy);
+        let endpoints: Vec<&EndpointState> = eps_lazy.iter().map(AsRef::as_ref).collect();
+        let facts = base_facts();
+        let pick = growth::DryPick {
+            scheduler: &dry,
+            facts: &facts,
+            candidates: eps_lazy.clone(),
+            parked: None,
+        };
+        let growth = growth::Growth::new(&ix_lazy, &endpoints, SCOPE, Some(pick));
+        let mut session =
+            PrefixSession::new(qwen(), Api::Completions, body.as_bytes()).expect("renders");
+        session.advance(PREFIX_TOKENS_START).expect("encodes");
+        let first = session.encoded_tokens();
+        let session = grow_prefix(
+            session,
+            |s| growth.more(s),
+            |mut s, budget| std::future::ready(Ok(s.advance(budget).ok().map(|()| s))),
+        )
+        .await
+        .expect("no pool")
+        .expect("no encode error");
+        let case = format!(
+            "seed {seed}: held {held:?} of {} blocks, loads {loads:?}",
+            keys.len()
+        );
+        let stopped_held = growth.stopped_held() && !session.is_complete();
+        held_stops += usize::from(stopped_held);
+        grown += usize::from(stopped_held && session.encoded_tokens() > first);
+        let (lazy, _) = prefix_facts(base_facts(), &session);
+        let full_facts = base_facts().with_tokens(full.clone(), true, Vec::new());
+        let a = schedule(&ix_lazy, &eps_lazy, lazy);
+        let b = schedule(&ix_full, &eps_full, full_facts);
+        let tied = best(&b);
+        assert!(
+            tied.contains(&a.picked),
+            "{case}: lazy {} not in {tied:?}",
+            a.picked
+        );
+        let holder_name = eps_lazy[holder].name();
+        if stopped_held {
+            assert_eq!(
+                a.picked, holder_name,
+                "{case}: stopped held, went elsewhere"
+            );
+        }
+        for (x, y) in candidates(&a).into_iter().zip(candidates(&b)) {
+            if x.0 == holder_name {
+                assert!(x.1 <= y.1, "{case}: the holder's hit is never over-counted");
+            } else {
+                assert_eq!(x.1, y.1, "{case}: {} predicted", x.0);
+            }
+        }
+    }
+    println!("held stops {held_stops}, grown past a dry pick {grown}");
+    assert!(
+        held_stops > 0 && grown > 0,
+        "held stops {held_stops}, grown past a dry pick {grown}"
+    );
 }
