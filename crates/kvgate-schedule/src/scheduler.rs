@@ -6,7 +6,7 @@
 
 mod build;
 
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Instant;
 
 use kvgate_kvcache::KvIndex;
@@ -105,15 +105,8 @@ impl Scheduler {
         cycle: &mut CycleState,
         candidates: &[Arc<EndpointState>],
     ) -> Result<Decision, ScheduleError> {
-        let _one_at_a_time = self.cycle.lock().unwrap_or_else(PoisonError::into_inner);
+        let _one_at_a_time = self.begin_cycle(cycle, Pick::Make);
         let start = Instant::now();
-        if let Some(seeds) = &self.seeds {
-            let seed = seeds
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .random();
-            cycle.reseed(seed);
-        }
         let result = self.schedule_inner(cycle, candidates, start);
         let secs = start.elapsed().as_secs_f64();
         match &result {
@@ -136,21 +129,16 @@ impl Scheduler {
     /// in-flight guards, no speculative holdings (scorers' `after_pick`), no metrics, no
     /// decision log line. `None` when the cycle fails or its handler runs more than one
     /// profile (a disaggregated pick is not one endpoint). A stateful picker (round robin)
-    /// still advances. Prefix tokenization asks this to stop encoding once the one endpoint
-    /// that holds every block so far is the pick anyway (see `kvgate_proxy`'s `facts`).
+    /// still advances. With a configured seed it draws the seed the next cycle will get,
+    /// without taking it. Prefix tokenization asks this to stop encoding once the one
+    /// endpoint that holds every block so far is the pick anyway (see `kvgate_proxy`'s
+    /// `facts`).
     pub fn dry_pick(
         &self,
         cycle: &mut CycleState,
         candidates: &[Arc<EndpointState>],
     ) -> Option<Arc<EndpointState>> {
-        let _one_at_a_time = self.cycle.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(seeds) = &self.seeds {
-            let seed = seeds
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .random();
-            cycle.reseed(seed);
-        }
+        let _one_at_a_time = self.begin_cycle(cycle, Pick::Dry);
         let (mut runs, summaries) = self.run_profiles(cycle, candidates, Pick::Dry).ok()?;
         if runs.len() != 1 {
             return None;
@@ -158,6 +146,22 @@ impl Scheduler {
         self.handler.finish(cycle, &summaries)?;
         let run = runs.pop()?.ok()?;
         Some(Arc::clone(run.picked()))
+    }
+
+    /// Holds the cycle lock for the caller and, with a configured seed, reseeds `cycle` from
+    /// the seed generator: with the next seed (`Make`), or with the seed the next cycle will
+    /// get, leaving it there (`Dry`).
+    fn begin_cycle(&self, cycle: &mut CycleState, mode: Pick) -> MutexGuard<'_, ()> {
+        let guard = self.cycle.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(seeds) = &self.seeds {
+            let mut seeds = seeds.lock().unwrap_or_else(PoisonError::into_inner);
+            let seed = match mode {
+                Pick::Make => seeds.random(),
+                Pick::Dry => seeds.clone().random(),
+            };
+            cycle.reseed(seed);
+        }
+        guard
     }
 
     /// Runs the profiles the handler asks for, in turn.

@@ -160,15 +160,16 @@ mod tests {
     }
 
     /// A request counted 1,000 uncached tokens of a 1,200-token prompt; its endpoint turned
-    /// out to hold `settle` more. One row per moment of the settlement.
+    /// out to hold more. One row per moment of the settlement.
     #[test]
     fn cached_tokens_found_after_the_pick_leave_the_counters() {
-        // (case, settle before the first byte, settle after it, taken, counters before the
-        //  first byte, counters after it)
+        // (case, settled before the first byte, first byte, settled after it, taken,
+        //  counters before the first byte, counters at the end while in flight)
         let cases = [
             (
                 "nothing settled",
                 0,
+                true,
                 0,
                 0,
                 (1, 1000, 1000, 0),
@@ -177,6 +178,7 @@ mod tests {
             (
                 "before the first byte",
                 700,
+                true,
                 0,
                 700,
                 (1, 300, 300, 0),
@@ -185,6 +187,7 @@ mod tests {
             (
                 "after the first byte",
                 0,
+                true,
                 700,
                 700,
                 (1, 1000, 1000, 0),
@@ -193,33 +196,38 @@ mod tests {
             (
                 "more than counted",
                 5000,
+                true,
                 0,
                 1000,
                 (1, 0, 0, 0),
                 (1, 0, 0, 1200),
             ),
+            (
+                "no first byte",
+                400,
+                false,
+                0,
+                400,
+                (1, 600, 600, 0),
+                (1, 600, 600, 0),
+            ),
         ];
-        for (case, before, after, taken, at_pick, at_byte) in cases {
+        for (case, before, first_byte, after, taken, at_pick, at_end) in cases {
             let e = endpoint("http://h:1", &[]);
             let mut g = e.begin_request(1000, 1200);
             let ext = g.extension().upgrade().expect("alive");
             let mut got = ext.settle_cached(before);
             assert_eq!(counters(&e), at_pick, "{case}");
-            g.prefill_done();
+            if first_byte {
+                g.prefill_done();
+            }
             got += ext.settle_cached(after);
             assert_eq!(got, taken, "{case}");
-            assert_eq!(counters(&e), at_byte, "{case}");
+            assert_eq!(counters(&e), at_end, "{case}");
             drop(g);
             assert_eq!(counters(&e), (0, 0, 0, 0), "{case}: all released once");
             assert_eq!(ext.settle_cached(100), 0, "{case}: nothing after the end");
             assert_eq!(counters(&e), (0, 0, 0, 0), "{case}");
         }
-        // Ended before its first byte, after a settlement.
-        let e = endpoint("http://h:1", &[]);
-        let mut g = e.begin_request(1000, 1200);
-        let ext = g.extension().upgrade().expect("alive");
-        assert_eq!(ext.settle_cached(400), 400);
-        drop(g);
-        assert_eq!(counters(&e), (0, 0, 0, 0));
     }
 }

@@ -17,6 +17,30 @@ fn handles(precise: bool) -> SchedulerHandles {
     }
 }
 
+/// Handles whose index knows `addrs` (ids 0, 1, … in order), the one with id `holder`
+/// holding the first 4 blocks (64 tokens) of prompts that start with tokens 0, 1, 2, ….
+fn handles_with_holder(addrs: &[&str], holder: u32) -> SchedulerHandles {
+    let h = handles(true);
+    for a in addrs {
+        h.kv_index.register_endpoint(EndpointSpec {
+            key: EndpointKey::new(*a, 0),
+            model: "m".into(),
+            block_size: 16,
+            capacity_blocks: None,
+        });
+    }
+    h.kv_index.apply_event(
+        kvgate_kvcache::EndpointId(holder),
+        &KvEvent::BlockStored(BlockStored {
+            block_hashes: (1..=4u64).map(Into::into).collect(),
+            token_ids: (0..64).collect(),
+            block_size: 16,
+            ..BlockStored::default()
+        }),
+    );
+    h
+}
+
 fn build(yaml: &str) -> Result<Scheduler, SchedulerConfigError> {
     Scheduler::from_config(&SchedulerConfig::from_yaml(yaml)?, &handles(true))
 }
@@ -254,25 +278,8 @@ scheduling:
 
 #[test]
 fn prefill_decode_disaggregation() {
-    let h = handles(true);
-    for a in ["d1:1", "d2:1", "p1:1"] {
-        h.kv_index.register_endpoint(EndpointSpec {
-            key: EndpointKey::new(a, 0),
-            model: "m".into(),
-            block_size: 16,
-            capacity_blocks: None,
-        });
-    }
     // d1 holds the first 4 blocks (64 tokens).
-    h.kv_index.apply_event(
-        kvgate_kvcache::EndpointId(0),
-        &KvEvent::BlockStored(BlockStored {
-            block_hashes: (1..=4u64).map(Into::into).collect(),
-            token_ids: (0..64).collect(),
-            block_size: 16,
-            ..BlockStored::default()
-        }),
-    );
+    let h = handles_with_holder(&["d1:1", "d2:1", "p1:1"], 0);
     let s = Scheduler::from_config(&SchedulerConfig::from_yaml(PD).unwrap(), &h).unwrap();
     let eps = || {
         vec![
@@ -383,25 +390,8 @@ fn simultaneous_cycles_see_each_others_picks() {
 /// has no single pick.
 #[test]
 fn a_dry_pick_finds_the_pick_and_changes_nothing() {
-    let h = handles(true);
-    for a in ["a:1", "b:1"] {
-        h.kv_index.register_endpoint(EndpointSpec {
-            key: EndpointKey::new(a, 0),
-            model: "m".into(),
-            block_size: 16,
-            capacity_blocks: None,
-        });
-    }
     // b holds the first 4 blocks (64 tokens) of the prompt.
-    h.kv_index.apply_event(
-        kvgate_kvcache::EndpointId(1),
-        &KvEvent::BlockStored(BlockStored {
-            block_hashes: (1..=4u64).map(Into::into).collect(),
-            token_ids: (0..64).collect(),
-            block_size: 16,
-            ..BlockStored::default()
-        }),
-    );
+    let h = handles_with_holder(&["a:1", "b:1"], 1);
     let s = Scheduler::from_config(&SchedulerConfig::default_profile(true), &h).unwrap();
     let now = Instant::now();
     let eps: Vec<Arc<EndpointState>> = [ep("a:1").kv_id(0, true), ep("b:1").kv_id(1, true)]
@@ -464,5 +454,32 @@ fn a_dry_pick_finds_the_pick_and_changes_nothing() {
             .kind(),
         "prefill-decode",
         "the same facts do run two profiles"
+    );
+}
+
+/// With a seed, a dry pick sees the seed the next cycle will get and leaves it to that cycle:
+/// a seeded random picker's dry picks foretell its picks.
+#[test]
+fn a_seeded_dry_pick_foretells_the_next_pick() {
+    let s = build("plugins:\n  - type: random-picker\nseed: 7\n").unwrap();
+    let now = Instant::now();
+    let eps: Vec<Arc<EndpointState>> = ["a:1", "b:1", "c:1", "d:1"]
+        .iter()
+        .map(|n| ep(n).build(now))
+        .collect();
+    let mut picks = Vec::new();
+    for _ in 0..16 {
+        let dry = s
+            .dry_pick(&mut CycleState::new(facts(), now), &eps)
+            .unwrap();
+        let real = s
+            .schedule(&mut CycleState::new(facts(), now), &eps)
+            .unwrap();
+        assert_eq!(dry.name(), real.endpoint().name());
+        picks.push(dry.name().to_owned());
+    }
+    assert!(
+        picks.iter().any(|p| *p != picks[0]),
+        "random picks: {picks:?}"
     );
 }
