@@ -75,9 +75,11 @@ fn every_dashboard_query_uses_a_metric_the_proxy_exports() {
     let (status, _, _) = exchange(listen, "POST", "/v1/chat/completions", "not json");
     assert!(status >= 400, "{status}");
     // Routed requests until the dead endpoint has cost a retry (it is picked, fails to
-    // connect, is ejected and the request is retried elsewhere).
+    // connect, is ejected and the request is retried elsewhere). Model discovery at start may
+    // eject it first (a refused connection), for a second: requests go on until it is back in
+    // rotation and picked (a bound far past that, for a clear failure instead of a hang).
     let mut metrics = String::new();
-    for i in 0..200 {
+    for i in 0..20_000 {
         let body = format!(
             r#"{{"model":"{MODEL}","messages":[{{"role":"user","content":"tell story {i} about caches"}}],"max_tokens":4}}"#
         );
@@ -92,6 +94,10 @@ fn every_dashboard_query_uses_a_metric_the_proxy_exports() {
             }
         }
     }
+    assert!(
+        metrics.contains("kvgate_upstream_retries_total{"),
+        "the dead endpoint never cost a retry"
+    );
     let exported: BTreeSet<&str> = metrics
         .lines()
         .filter(|l| !l.starts_with('#'))
