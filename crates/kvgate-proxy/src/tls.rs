@@ -138,16 +138,18 @@ mod tests {
         tls
     }
 
-    fn temp_dir(name: &str) -> PathBuf {
-        let dir = std::env::temp_dir().join(format!("kvgate-tls-{name}-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        dir
+    /// A fresh directory, removed with its files when dropped.
+    fn temp_dir(name: &str) -> tempfile::TempDir {
+        tempfile::Builder::new()
+            .prefix(&format!("kvgate-tls-{name}-"))
+            .tempdir()
+            .unwrap()
     }
 
     #[test]
     fn listener_offers_h2_then_http1() {
-        let dir = temp_dir("alpn");
-        let config = server_config(&write_pair(&dir)).unwrap();
+        let tmp = temp_dir("alpn");
+        let config = server_config(&write_pair(tmp.path())).unwrap();
         assert_eq!(
             config.alpn_protocols,
             [b"h2".to_vec(), b"http/1.1".to_vec()]
@@ -157,11 +159,13 @@ mod tests {
     /// Each bad input names its file and what is wrong, never a panic.
     #[test]
     fn bad_files_are_named() {
-        let dir = temp_dir("bad");
-        let good = write_pair(&dir);
+        let tmp = temp_dir("bad");
+        let dir = tmp.path();
+        let good = write_pair(dir);
         let empty = dir.join("empty.pem");
         std::fs::write(&empty, "not a pem file\n").unwrap();
-        let other = write_pair(&temp_dir("bad-other"));
+        let other_tmp = temp_dir("bad-other");
+        let other = write_pair(other_tmp.path());
         let missing = dir.join("missing.pem");
         let cases = [
             (

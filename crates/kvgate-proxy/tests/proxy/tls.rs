@@ -39,6 +39,8 @@ impl Pem {
 /// A test CA (its certificate in `ca.pem`) and a server certificate it signed for
 /// `127.0.0.1` and `localhost`, all in a fresh directory.
 struct Pki {
+    /// Removed with its files when the test ends.
+    _tmp: tempfile::TempDir,
     dir: PathBuf,
     ca: CertificateDer<'static>,
     ca_file: PathBuf,
@@ -60,8 +62,11 @@ fn write(dir: &std::path::Path, name: &str, cert: String, key: String) -> Pem {
 }
 
 fn pki(name: &str) -> Pki {
-    let dir = std::env::temp_dir().join(format!("kvgate-tls-{name}-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let tmp = tempfile::Builder::new()
+        .prefix(&format!("kvgate-tls-{name}-"))
+        .tempdir()
+        .unwrap();
+    let dir = tmp.path().to_owned();
     let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
     ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
     ca_params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
@@ -82,6 +87,7 @@ fn pki(name: &str) -> Pki {
         server_key.serialize_pem(),
     );
     Pki {
+        _tmp: tmp,
         ca: ca_cert.der().clone(),
         dir,
         ca_file,
