@@ -232,9 +232,19 @@ impl Tracker {
             span.realized(cached);
         }
         if let (Some(realized), Some(cached)) = (&self.realized, cached) {
-            realized
-                .registry
-                .record_realized(&realized.endpoint, realized.predicted, cached);
+            // A prompt routed on a prefix its pick held, completed after the pick: the
+            // prediction is the pick's plus what was found held past it.
+            let found: u64 = self
+                .guards
+                .iter()
+                .filter(|g| Arc::ptr_eq(g.endpoint(), &realized.endpoint))
+                .map(InFlightGuard::found_cached)
+                .sum();
+            realized.registry.record_realized(
+                &realized.endpoint,
+                realized.predicted + found,
+                cached,
+            );
             if let Some(prompt) = usage.as_ref().and_then(|u| u.prompt_tokens) {
                 realized
                     .registry

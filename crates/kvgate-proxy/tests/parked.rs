@@ -246,5 +246,21 @@ async fn a_continuation_held_by_its_pick_is_routed_on_a_prefix_and_settled() {
     wait_in_flight(&proxy, 0).await;
     let tokens = endpoint_counts(&proxy, "in_flight_tokens").await;
     assert!(tokens.iter().all(|(_, n)| *n == 0), "{tokens:?}");
+    // The engine's reported hit is compared with the prediction completed after the pick:
+    // neither request counts as mispredicted.
+    while endpoint_counts(&proxy, "reported_requests")
+        .await
+        .iter()
+        .map(|(_, n)| n)
+        .sum::<u64>()
+        < 2
+    {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let mispredicted = endpoint_counts(&proxy, "mispredicted_requests").await;
+    assert!(
+        mispredicted.iter().all(|(_, n)| *n == 0),
+        "{mispredicted:?}"
+    );
     sim.shutdown().await;
 }

@@ -480,6 +480,13 @@ impl InFlightGuard {
         Arc::downgrade(ext)
     }
 
+    /// Cached tokens found at the endpoint past the pick's prediction once the request's
+    /// tokenization was completed after the pick ([`PinExtension::settle_cached`]): the
+    /// prediction the engine's reported hit compares with is the pick's plus these.
+    pub fn found_cached(&self) -> u64 {
+        self.extension.as_ref().map_or(0, |e| e.found())
+    }
+
     /// The endpoint this guard counts against.
     pub fn endpoint(&self) -> &Arc<EndpointState> {
         &self.endpoint

@@ -46,6 +46,8 @@ struct State {
     settled_prefill: u64,
     /// The first byte came: the prefill counters are the guard's no more.
     prefill_over: bool,
+    /// Cached tokens found past the prediction, whatever the counters could take.
+    found: u64,
 }
 
 /// What the extension took off the guard's counters, for the guard to release the rest.
@@ -86,6 +88,7 @@ impl PinExtension {
         if st.released {
             return 0;
         }
+        st.found += tokens;
         let n = tokens.min(self.guard_uncached - st.settled);
         let l = &self.endpoint.load;
         l.uncached_tokens.fetch_sub(n, Ordering::Relaxed);
@@ -95,6 +98,14 @@ impl PinExtension {
             st.settled_prefill += n;
         }
         n
+    }
+
+    /// Cached tokens [`PinExtension::settle_cached`] found past the pick's prediction.
+    pub(super) fn found(&self) -> u64 {
+        self.state
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .found
     }
 
     /// The guard's first byte: what was settled off the pending prefill until now; later
@@ -223,6 +234,11 @@ mod tests {
             }
             got += ext.settle_cached(after);
             assert_eq!(got, taken, "{case}");
+            assert_eq!(
+                g.found_cached(),
+                before + after,
+                "{case}: found, taken or not"
+            );
             assert_eq!(counters(&e), at_end, "{case}");
             drop(g);
             assert_eq!(counters(&e), (0, 0, 0, 0), "{case}: all released once");
