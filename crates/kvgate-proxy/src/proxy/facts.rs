@@ -374,18 +374,20 @@ impl Proxy {
         let index = &self.handles.kv_index;
         let scheduler = self.scheduler.load_full();
         let model = sealed.model();
-        let candidates = self
-            .registry
-            .healthy(std::time::Instant::now())
-            .into_iter()
-            .filter(|e| model.is_none_or(|m| e.serves(m) != Some(false)))
-            .collect();
+        // Read only when a sole holder makes a dry pick worth running.
+        let candidates = || {
+            self.registry
+                .healthy(std::time::Instant::now())
+                .into_iter()
+                .filter(|e| model.is_none_or(|m| e.serves(m) != Some(false)))
+                .collect()
+        };
         // With replica peers the settlement after the pick would not reach the load they
         // were told of: grow as far as any match goes.
         let pick = probe.then_some(DryPick {
             scheduler: &scheduler,
             facts,
-            candidates,
+            candidates: &candidates,
             parked: Some(&self.parked),
         });
         let growth = Growth::new(index, &endpoints, scope, pick);

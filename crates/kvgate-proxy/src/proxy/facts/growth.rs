@@ -53,13 +53,16 @@ pub(crate) fn sole_holder(
     holder
 }
 
+/// The endpoints a request may go to, read when a dry pick runs.
+pub(crate) type Candidates<'a> = &'a (dyn Fn() -> Vec<Arc<EndpointState>> + Sync);
+
 /// What a dry pick needs: the scheduler the request will be scheduled by, its facts without
 /// tokens and the endpoints it may go to; and the parked sessions, whose holder a sibling
 /// must grow past to complete them ([`super::super::parked`]).
 pub(crate) struct DryPick<'a> {
     pub(crate) scheduler: &'a Scheduler,
     pub(crate) facts: &'a RequestFacts,
-    pub(crate) candidates: Vec<Arc<EndpointState>>,
+    pub(crate) candidates: Candidates<'a>,
     pub(crate) parked: Option<&'a ParkedPrefixes>,
 }
 
@@ -127,7 +130,7 @@ impl<'a> Growth<'a> {
         let (facts, _) = prefix_facts(pick.facts.clone(), session);
         let mut cycle = CycleState::new(facts, Instant::now());
         pick.scheduler
-            .dry_pick(&mut cycle, &pick.candidates)
+            .dry_pick(&mut cycle, &(pick.candidates)())
             .is_some_and(|e| e.kv_id() == holder)
     }
 }

@@ -432,7 +432,7 @@ async fn held_prefix_stops_at_the_pick_and_routes_like_full_tokens() {
         let pick = growth::DryPick {
             scheduler: &dry,
             facts: &facts,
-            candidates: eps_lazy.clone(),
+            candidates: &|| eps_lazy.clone(),
             parked: None,
         };
         let growth = growth::Growth::new(&ix_lazy, &endpoints, SCOPE, Some(pick));
