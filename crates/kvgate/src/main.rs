@@ -5,6 +5,11 @@ use std::io::IsTerminal;
 
 use clap::{Parser, Subcommand, ValueEnum};
 
+/// The allocator: the proxy path allocates and frees many small buffers a request, across
+/// threads; mimalloc's per-thread free lists cost fewer instructions than glibc's bins.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 mod demo;
 mod doctor;
 mod epp;
