@@ -288,11 +288,13 @@ impl Proxy {
         let timeout = self.config.upstream_timeout;
         let sent = async {
             if sealed.body().len() >= upload::DEDICATED_UPLOAD_BYTES {
-                upload::send_dedicated(
+                // Boxed: a connection of its own is kilobytes of state that the common
+                // path (a pooled connection) would otherwise carry and move.
+                Box::pin(upload::send_dedicated(
                     req,
                     self.config.connect_timeout,
                     &self.upstreams.tls_connector(),
-                )
+                ))
                 .await
             } else {
                 self.upstreams.request(req).await.map_err(|e| Failed {
