@@ -270,13 +270,38 @@ pub struct StreamBody {
     stall: Option<Stall>,
 }
 
-/// The between-chunks timeout of a [`StreamBody`].
+/// The between-chunks timeout of a [`StreamBody`]. The timer exists only once the engine
+/// keeps the body waiting (most non-streamed answers arrive whole with their headers), and a
+/// chunk only notes the time: the timer is moved when it fires early, not at every chunk.
 #[derive(Debug)]
 struct Stall {
     timeout: Duration,
-    deadline: Pin<Box<tokio::time::Sleep>>,
+    /// When the body was wrapped or last gave a chunk.
+    active: tokio::time::Instant,
+    /// A wake-up at or before `active + timeout`, set the first time the body waits.
+    deadline: Option<Pin<Box<tokio::time::Sleep>>>,
     /// `kvgate_timeouts_total{phase="stream_idle"}`.
     counter: Counter,
+}
+
+impl Stall {
+    /// Whether the engine has sent nothing for the timeout; registers the wake-up otherwise.
+    fn poll_stalled(&mut self, cx: &mut Context<'_>) -> bool {
+        let due = self.active + self.timeout;
+        let deadline = self
+            .deadline
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(due)));
+        loop {
+            if deadline.as_mut().poll(cx).is_pending() {
+                return false;
+            }
+            let due = self.active + self.timeout;
+            if due <= tokio::time::Instant::now() {
+                return true;
+            }
+            deadline.as_mut().reset(due);
+        }
+    }
 }
 
 /// The error a stalled engine body ends with.
@@ -312,7 +337,8 @@ impl StreamBody {
     pub fn with_stall_timeout(mut self, timeout: Duration, counter: Counter) -> Self {
         self.stall = Some(Stall {
             timeout,
-            deadline: Box::pin(tokio::time::sleep(timeout)),
+            active: tokio::time::Instant::now(),
+            deadline: None,
             counter,
         });
         self
@@ -380,7 +406,7 @@ impl Body for StreamBody {
                     let Some(stall) = this.stall.as_mut() else {
                         return Poll::Pending;
                     };
-                    if stall.deadline.as_mut().poll(cx).is_pending() {
+                    if !stall.poll_stalled(cx) {
                         return Poll::Pending;
                     }
                     stall.counter.inc();
@@ -394,8 +420,7 @@ impl Body for StreamBody {
                 }
                 Poll::Ready(Some(Ok(frame))) => {
                     if let Some(stall) = this.stall.as_mut() {
-                        let next = tokio::time::Instant::now() + stall.timeout;
-                        stall.deadline.as_mut().reset(next);
+                        stall.active = tokio::time::Instant::now();
                     }
                     if let (Some(tracker), Some(data)) = (this.tracker.as_mut(), frame.data_ref()) {
                         tracker.first_byte();
@@ -528,5 +553,36 @@ mod tests {
             .expect("no request log line");
         assert!(line.contains(r#" request_id="abc status=500""#), "{line}");
         assert!(line.contains(" status=200 "), "{line}");
+    }
+
+    /// A chunk moves the stall deadline though the timer was set before it: the body stalls
+    /// one timeout after its last chunk.
+    #[tokio::test(start_paused = true)]
+    async fn a_chunk_moves_the_stall_deadline() {
+        use tokio::time::{Instant, advance};
+        let timeout = Duration::from_millis(300);
+        let start = Instant::now();
+        let mut stall = Stall {
+            timeout,
+            active: start,
+            deadline: None,
+            counter: Counter::default(),
+        };
+        async fn stalled(stall: &mut Stall) -> bool {
+            std::future::poll_fn(|cx| Poll::Ready(stall.poll_stalled(cx))).await
+        }
+        assert!(!stalled(&mut stall).await, "stalled at once");
+        advance(Duration::from_millis(200)).await;
+        stall.active = Instant::now();
+        advance(Duration::from_millis(200)).await;
+        assert!(!stalled(&mut stall).await, "stalled 200 ms after a chunk");
+        advance(Duration::from_millis(99)).await;
+        assert!(!stalled(&mut stall).await, "stalled 299 ms after a chunk");
+        advance(Duration::from_millis(1)).await;
+        assert!(
+            stalled(&mut stall).await,
+            "not stalled 300 ms after the last chunk"
+        );
+        assert_eq!(Instant::now() - start, Duration::from_millis(500));
     }
 }

@@ -52,10 +52,17 @@ impl Drop for InFlightRequest {
 /// A client socket that fails its reads with `TimedOut` once it has been idle for
 /// `timeout` (no request in flight, no byte read or written), which makes hyper close it.
 /// Each such close is counted in `timeouts` (`kvgate_timeouts_total{phase="idle"}`).
+///
+/// A byte moved only notes the time: the timer is moved when it fires early (at most once a
+/// timeout), not at every read and write, which would take the timer wheel's lock several
+/// times a request.
 #[derive(Debug)]
 pub(crate) struct IdleIo<T> {
     inner: T,
     timeout: Duration,
+    /// When the connection last moved a byte or was seen with a request in flight.
+    active: Instant,
+    /// A wake-up at or before `active + timeout`.
     deadline: Pin<Box<Sleep>>,
     in_flight: InFlight,
     timeouts: Counter,
@@ -63,17 +70,19 @@ pub(crate) struct IdleIo<T> {
 
 impl<T> IdleIo<T> {
     pub(crate) fn new(inner: T, timeout: Duration, in_flight: InFlight, timeouts: Counter) -> Self {
+        let active = Instant::now();
         Self {
             inner,
             timeout,
-            deadline: Box::pin(tokio::time::sleep(timeout)),
+            active,
+            deadline: Box::pin(tokio::time::sleep_until(active + timeout)),
             in_flight,
             timeouts,
         }
     }
 
     fn touch(&mut self) {
-        self.deadline.as_mut().reset(Instant::now() + self.timeout);
+        self.active = Instant::now();
     }
 
     /// Whether the connection has been idle too long; registers the wake-up otherwise.
@@ -85,9 +94,12 @@ impl<T> IdleIo<T> {
             if self.deadline.as_mut().poll(cx).is_pending() {
                 return false;
             }
-            if !self.in_flight.busy() {
+            // Fired: idle unless something happened since it was set.
+            let due = self.active + self.timeout;
+            if due <= Instant::now() && !self.in_flight.busy() {
                 return true;
             }
+            self.deadline.as_mut().reset(due);
         }
     }
 }
@@ -186,5 +198,36 @@ mod tests {
         let err = io.read(&mut buf).await.unwrap_err();
         assert_eq!(err.kind(), io::ErrorKind::TimedOut);
         assert_eq!(timeouts.get(), 1);
+    }
+
+    /// Bytes keep a connection open though the timer was set before them; it closes one
+    /// timeout after the last byte, not after the first.
+    #[tokio::test(start_paused = true)]
+    async fn each_byte_moves_the_idle_deadline() {
+        use tokio::io::AsyncWriteExt;
+        let (mut peer, ours) = duplex(64);
+        let timeouts = Counter::default();
+        let mut io = IdleIo::new(
+            ours,
+            Duration::from_secs(5),
+            InFlight::default(),
+            timeouts.clone(),
+        );
+        let start = Instant::now();
+        let mut buf = [0u8; 8];
+        for _ in 0..4 {
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            peer.write_all(b"x").await.unwrap();
+            assert_eq!(io.read(&mut buf).await.unwrap(), 1);
+        }
+        let last_byte = Instant::now();
+        let err = io.read(&mut buf).await.unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::TimedOut);
+        assert_eq!(timeouts.get(), 1);
+        assert!(
+            last_byte - start >= Duration::from_secs(12),
+            "bytes for 12 s"
+        );
+        assert_eq!(Instant::now() - last_byte, Duration::from_secs(5));
     }
 }
