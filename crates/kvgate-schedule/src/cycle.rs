@@ -26,21 +26,22 @@ pub struct TokenizedPrompt {
 }
 
 /// What the scheduler knows about a request. Build it with [`RequestFacts::from_request`] and
-/// the `with_*` methods, then wrap it in a [`CycleState`].
+/// the `with_*` methods, then wrap it in a [`CycleState`]. The strings are shared, so the
+/// clone each scheduling cycle takes allocates nothing.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct RequestFacts {
     /// Request id (log correlation).
-    pub request_id: String,
+    pub request_id: Arc<str>,
     /// The model as forwarded to the engine (after alias resolution).
-    pub model: String,
+    pub model: Arc<str>,
     /// The model the client asked for.
-    pub requested_model: Option<String>,
+    pub requested_model: Option<Arc<str>>,
     /// The LoRA adapter name when `model` is an adapter.
-    pub lora_adapter: Option<String>,
+    pub lora_adapter: Option<Arc<str>>,
     /// The `x-session-id` header value.
-    pub session_id: Option<String>,
+    pub session_id: Option<Arc<str>>,
     /// The request's `cache_salt`.
-    pub cache_salt: Option<String>,
+    pub cache_salt: Option<Arc<str>>,
     /// Prompt tokens, when tokenization produced any.
     pub tokens: Option<TokenizedPrompt>,
     /// Prompt length in tokens (from `tokens`, or an estimate when tokens are missing).
@@ -53,16 +54,16 @@ impl RequestFacts {
     /// methods.
     pub fn from_request(request: &SealedRequest, headers: &http::HeaderMap) -> RequestFacts {
         RequestFacts {
-            request_id: request.request_id().to_owned(),
-            model: request.model().unwrap_or_default().to_owned(),
-            requested_model: request.requested_model().map(str::to_owned),
+            request_id: request.request_id().into(),
+            model: request.model().unwrap_or_default().into(),
+            requested_model: request.requested_model().map(Arc::from),
             lora_adapter: None,
             session_id: headers
                 .get(SESSION_HEADER)
                 .and_then(|v| v.to_str().ok())
                 .filter(|s| !s.is_empty())
-                .map(str::to_owned),
-            cache_salt: request.cache_salt().map(str::to_owned),
+                .map(Arc::from),
+            cache_salt: request.cache_salt().map(Arc::from),
             tokens: None,
             prompt_tokens: None,
         }
@@ -79,7 +80,7 @@ impl RequestFacts {
 
     /// Marks `model` as a LoRA adapter of a base model.
     #[must_use]
-    pub fn with_lora_adapter(mut self, adapter: impl Into<String>) -> Self {
+    pub fn with_lora_adapter(mut self, adapter: impl Into<Arc<str>>) -> Self {
         self.lora_adapter = Some(adapter.into());
         self
     }
@@ -301,8 +302,8 @@ mod tests {
         let mut h = http::HeaderMap::new();
         h.insert(SESSION_HEADER, http::HeaderValue::from_static("sess"));
         let f = RequestFacts::from_request(&req, &h);
-        assert_eq!(f.request_id, "r1");
-        assert_eq!(f.model, "m");
+        assert_eq!(&*f.request_id, "r1");
+        assert_eq!(&*f.model, "m");
         assert_eq!(f.session_id.as_deref(), Some("sess"));
         assert_eq!(f.cache_salt.as_deref(), Some("s"));
     }

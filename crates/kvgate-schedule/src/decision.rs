@@ -122,7 +122,7 @@ impl ProfileDecision {
 /// The result of one scheduling cycle.
 #[derive(Debug)]
 pub struct Decision {
-    request_id: String,
+    request_id: Arc<str>,
     runs: Vec<ProfileDecision>,
     primary: usize,
     failed: Vec<(String, ScheduleError)>,
@@ -294,7 +294,7 @@ impl Decision {
     /// A serializable view (for logs, debugging endpoints and tests).
     pub fn to_view(&self) -> DecisionView {
         DecisionView {
-            request_id: self.request_id.clone(),
+            request_id: self.request_id.to_string(),
             endpoint: self.endpoint().name().to_owned(),
             kind: self.kind,
             elapsed_us: self.elapsed.as_micros() as u64,

@@ -274,7 +274,7 @@ impl Proxy {
                 }
             }
             None => match self.only_model() {
-                Ok(Some(only)) => facts.model = only,
+                Ok(Some(only)) => facts.model = only.into(),
                 Ok(None) => {}
                 Err(()) => return Err(parse_error.unwrap_or(ParseError::MissingModel).into()),
             },

@@ -364,7 +364,7 @@ fn simultaneous_cycles_see_each_others_picks() {
                         (Arc::clone(&s), Arc::clone(&eps), Arc::clone(&barrier));
                     scope.spawn(move || {
                         let facts = RequestFacts {
-                            request_id: format!("r{round}-{t}"),
+                            request_id: format!("r{round}-{t}").into(),
                             prompt_tokens: Some(2048),
                             ..facts()
                         };

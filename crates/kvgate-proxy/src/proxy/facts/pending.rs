@@ -17,8 +17,8 @@ use super::super::parked::PlacingGuard;
 pub(crate) struct PendingPrefix {
     pub(super) session: PrefixSession,
     /// The key scope's model (the LoRA adapter for adapters).
-    pub(super) model: String,
-    pub(super) cache_salt: Option<String>,
+    pub(super) model: Arc<str>,
+    pub(super) cache_salt: Option<Arc<str>>,
     /// The block where the request's match stopped, marked as being placed until the pick.
     pub(super) placing: Option<PlacingGuard>,
     /// Pins the rest of the prompt at the picked endpoint once a sibling completes the

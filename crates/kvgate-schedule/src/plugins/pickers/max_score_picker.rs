@@ -95,7 +95,7 @@ mod tests {
         for i in 0..64 {
             let mut c = CycleState::new(
                 RequestFacts {
-                    request_id: format!("r{i}"),
+                    request_id: format!("r{i}").into(),
                     ..Default::default()
                 },
                 Instant::now(),
