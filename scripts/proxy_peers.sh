@@ -14,6 +14,10 @@
 #   nginx-proxy   nginx (one worker, upstream keep-alive) as a plain reverse proxy: no router
 #                 work at all, the reference for what a proxy hop costs on this machine
 #                 (not in the default list)
+#   hyper-bare    the least a proxy on kvgate's HTTP stack does (hyper server, pooled hyper
+#                 client, two tokio workers; no parse, scheduling or metrics): what of
+#                 kvgate's cost is the stack and what its own work (not in the default list;
+#                 cargo build --release -p kvgate-proxy --example bare_proxy)
 # Load, per target and round: wrk (closed loop, -t1 -c16, DURATION s) for req/s and latency,
 # then hey at a fixed 500 req/s (-c 10 -q 50) for p50/p99 at that rate. The router's CPU time
 # (user + system, its process and direct children, from /proc) over the wrk run, divided by
@@ -34,7 +38,8 @@
 #        [--instructions N] [--unique]
 # Env: KVGATE_BIN (default target/release/kvgate), PEERS_VENV (default
 #   ~/.cache/kvgate-peers-venv; created with vllm-router==0.1.17 sglang-router==0.3.2 when
-#   missing), KVGATE_TOKENIZER (default testdata/tokenizers/qwen3).
+#   missing), KVGATE_TOKENIZER (default testdata/tokenizers/qwen3), BARE_PROXY_BIN (default
+#   target/release/examples/bare_proxy).
 # Needs nginx, wrk and hey (Debian: apt-get install nginx-light wrk hey), and valgrind for
 # --instructions.
 set -euo pipefail
@@ -51,12 +56,13 @@ while (($#)); do
     --out) OUT=$2; shift 2 ;;
     --instructions) INSTRUCTIONS=$2; shift 2 ;;
     --unique) UNIQUE=1; shift ;;
-    -h|--help) sed -n '2,39p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,44p' "$0"; exit 0 ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac
 done
 
 KVGATE=${KVGATE_BIN:-target/release/kvgate}
+BARE=${BARE_PROXY_BIN:-target/release/examples/bare_proxy}
 PEERS_VENV=${PEERS_VENV:-$HOME/.cache/kvgate-peers-venv}
 TOKENIZER_DIR=${KVGATE_TOKENIZER:-testdata/tokenizers/qwen3}
 MODEL=Qwen/Qwen3-0.6B
@@ -67,6 +73,10 @@ for tool in nginx wrk hey curl python3; do
 done
 NGINX=$(command -v nginx || echo /usr/sbin/nginx)
 [[ -x $KVGATE ]] || die "$KVGATE missing (cargo build --release -p kvgate)"
+for t in "${TARGETS[@]}"; do
+  [[ $t != hyper-bare || -x $BARE ]] ||
+    die "$BARE missing (cargo build --release -p kvgate-proxy --example bare_proxy)"
+done
 needs_peers=0
 for t in "${TARGETS[@]}"; do case $t in vllm-*|smg-*) needs_peers=1 ;; esac; done
 if ((needs_peers)) && [[ ! -x $PEERS_VENV/bin/smg || ! -x $PEERS_VENV/bin/vllm-router ]]; then
@@ -210,6 +220,8 @@ start_target() { # NAME -> sets URL, TPID
       env KVGATE_LOG=warn "${wrap[@]}" "$KVGATE" serve --listen "127.0.0.1:$port" \
         --admin-listen "127.0.0.1:$prom" --endpoint "$ENGINE,model=$MODEL,kv=tcp://127.0.0.1:$(free_port)" \
         --tokenizer "$MODEL=$TOKENIZER_DIR" >"$logf" 2>&1 & ;;
+    hyper-bare)
+      "${wrap[@]}" "$BARE" "127.0.0.1:$port" "$ENGINE" >"$logf" 2>&1 & ;;
     *) die "unknown target $name" ;;
   esac
   TPID=$!
@@ -351,10 +363,10 @@ def ratio(a, b, k):
     x, y = med(a, k), med(b, k)
     return None if x is None or y is None or y == 0 else x / y
 print("\nRatios of medians:")
-for a, b in [("kvgate", "vllm-rr"), ("kvgate", "direct"), ("kvgate", "nginx-proxy"), ("kvgate-tok", "smg-cache")]:
+for a, b in [("kvgate", "vllm-rr"), ("kvgate", "direct"), ("kvgate", "nginx-proxy"), ("kvgate", "hyper-bare"), ("kvgate-tok", "smg-cache")]:
     if a in targets and b in targets:
         print(f"- {a} / {b} req/s: {ratio(a, b, 'wrk_rps'):.2f}x")
-for a, b in [("kvgate", "vllm-rr"), ("kvgate-tok", "smg-cache")]:
+for a, b in [("kvgate", "vllm-rr"), ("kvgate", "hyper-bare"), ("kvgate-tok", "smg-cache")]:
     if a in targets and b in targets and ratio(a, b, "cpu_us_per_request"):
         print(f"- {a} / {b} CPU per request: {ratio(a, b, 'cpu_us_per_request'):.2f}x")
 if {"kvgate", "vllm-rr", "direct"} <= set(targets):
