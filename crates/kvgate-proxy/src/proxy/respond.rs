@@ -272,27 +272,44 @@ pub(super) fn upstream_headers(client: &HeaderMap, request_id: &str) -> HeaderMa
 /// Removes the hop-by-hop headers from `headers`: [`HOP_BY_HOP`] and those named in
 /// `Connection`.
 pub(super) fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    if !headers.keys().any(|name| HOP_BY_HOP.contains(name)) {
+    // Which of them are here (most answers carry `connection` alone): one pass over the
+    // names, then a removal for each one found, not one for every hop-by-hop name.
+    let mut present = [false; HOP_BY_HOP.len()];
+    for name in headers.keys() {
+        if let Some(i) = HOP_BY_HOP.iter().position(|h| h == name) {
+            present[i] = true;
+        }
+    }
+    if !present.contains(&true) {
         // No `Connection` either, so nothing is named in one.
         return;
     }
     for name in connection_named(headers) {
         headers.remove(name);
     }
-    for name in &HOP_BY_HOP {
-        headers.remove(name);
+    for (name, here) in HOP_BY_HOP.iter().zip(present) {
+        if here {
+            headers.remove(name);
+        }
     }
 }
 
-/// The header names listed in `Connection` (hop-by-hop too); names that are not valid
-/// header names are skipped (no header can have them).
+/// The header names listed in `Connection` that are not hop-by-hop names already (those
+/// go anyway; `keep-alive` is the usual one); names that are not valid header names are
+/// skipped (no header can have them).
 fn connection_named(headers: &HeaderMap) -> Vec<HeaderName> {
     headers
         .get_all(header::CONNECTION)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
-        .filter_map(|s| HeaderName::from_bytes(s.trim().as_bytes()).ok())
+        .map(str::trim)
+        .filter(|s| {
+            !HOP_BY_HOP
+                .iter()
+                .any(|h| s.eq_ignore_ascii_case(h.as_str()))
+        })
+        .filter_map(|s| HeaderName::from_bytes(s.as_bytes()).ok())
         .collect()
 }
 
@@ -399,7 +416,7 @@ mod tests {
     /// without any, it is left as it is.
     #[test]
     fn hop_by_hop_headers_leave_a_response() {
-        let rows: [(&str, Pairs, &[&str]); 4] = [
+        let rows: [(&str, Pairs, &[&str]); 5] = [
             (
                 "none",
                 &[("content-type", "a"), ("x-a", "1")],
@@ -418,6 +435,16 @@ mod tests {
             (
                 "trailer without connection",
                 &[("trailer", "x"), ("x-a", "1")],
+                &["x-a"],
+            ),
+            (
+                "named hop-by-hop and close",
+                &[
+                    ("connection", "Keep-Alive, close"),
+                    ("keep-alive", "timeout=5"),
+                    ("close", "x"),
+                    ("x-a", "1"),
+                ],
                 &["x-a"],
             ),
         ];
