@@ -32,7 +32,7 @@ use std::sync::mpsc::{Receiver, SyncSender, TryRecvError, TrySendError, sync_cha
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
-use kvgate_schedule::DecisionView;
+use kvgate_schedule::{Decision, DecisionView};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::registry::Registry;
 use serde::Serialize;
@@ -178,7 +178,46 @@ impl RouterTimes {
 
 impl DecisionRecord {
     /// A record of `decision`, its outcome not known yet.
+    #[cfg(test)]
     pub(crate) fn new(
+        decision: DecisionView,
+        model: Option<&str>,
+        prompt_tokens: Option<u64>,
+        tokenizer: Option<&'static str>,
+        predicted: Option<u64>,
+    ) -> DecisionRecord {
+        let request_id = decision.request_id.clone();
+        DecisionRecord::of(
+            request_id,
+            decision,
+            model,
+            prompt_tokens,
+            tokenizer,
+            predicted,
+        )
+    }
+
+    /// A record of request `request_id` whose decision view is rendered later (see
+    /// [`LogEntry::unrendered`]).
+    pub(crate) fn unrendered(
+        request_id: &str,
+        model: Option<&str>,
+        prompt_tokens: Option<u64>,
+        tokenizer: Option<&'static str>,
+        predicted: Option<u64>,
+    ) -> DecisionRecord {
+        DecisionRecord::of(
+            request_id.to_owned(),
+            DecisionView::default(),
+            model,
+            prompt_tokens,
+            tokenizer,
+            predicted,
+        )
+    }
+
+    fn of(
+        request_id: String,
         decision: DecisionView,
         model: Option<&str>,
         prompt_tokens: Option<u64>,
@@ -189,7 +228,7 @@ impl DecisionRecord {
             ts_ms: SystemTime::now()
                 .duration_since(UNIX_EPOCH)
                 .map_or(0, |d| d.as_millis() as u64),
-            request_id: decision.request_id.clone(),
+            request_id,
             model: model.map(str::to_owned),
             prompt_tokens,
             tokenizer,
@@ -206,11 +245,30 @@ impl DecisionRecord {
 }
 
 /// The last few finished decisions, newest first when read (a bounded ring: the oldest is
-/// dropped when full).
+/// dropped when full). A record keeps its scheduler decision unrendered until it is read:
+/// rendering takes allocations for every candidate and scorer, and most records are never
+/// read.
 #[derive(Debug)]
 pub struct RecentDecisions {
     capacity: usize,
-    ring: Mutex<VecDeque<DecisionRecord>>,
+    ring: Mutex<VecDeque<Kept>>,
+}
+
+/// A finished record, its `decision` view still to be rendered from `source` when there is one.
+#[derive(Debug)]
+struct Kept {
+    record: DecisionRecord,
+    source: Option<Decision>,
+}
+
+impl Kept {
+    fn rendered(&self) -> DecisionRecord {
+        let mut record = self.record.clone();
+        if let Some(decision) = &self.source {
+            record.decision = decision.to_view();
+        }
+        record
+    }
 }
 
 impl RecentDecisions {
@@ -225,21 +283,26 @@ impl RecentDecisions {
         }
     }
 
-    fn push(&self, record: DecisionRecord) {
+    fn push(&self, kept: Kept) {
         if self.capacity == 0 {
             return;
         }
-        let mut ring = self.ring.lock().unwrap_or_else(PoisonError::into_inner);
-        if ring.len() >= self.capacity {
-            ring.pop_front();
-        }
-        ring.push_back(record);
+        let evicted = {
+            let mut ring = self.ring.lock().unwrap_or_else(PoisonError::into_inner);
+            let evicted = (ring.len() >= self.capacity)
+                .then(|| ring.pop_front())
+                .flatten();
+            ring.push_back(kept);
+            evicted
+        };
+        // Freed outside the lock.
+        drop(evicted);
     }
 
     /// The records, newest first.
     pub fn newest_first(&self) -> Vec<DecisionRecord> {
         let ring = self.ring.lock().unwrap_or_else(PoisonError::into_inner);
-        ring.iter().rev().cloned().collect()
+        ring.iter().rev().map(Kept::rendered).collect()
     }
 }
 
@@ -251,6 +314,8 @@ pub struct LogEntry {
     recent: Arc<RecentDecisions>,
     started: Instant,
     record: Option<DecisionRecord>,
+    /// The decision `record.decision` is rendered from, when it was not rendered yet.
+    source: Option<Decision>,
 }
 
 impl LogEntry {
@@ -265,7 +330,21 @@ impl LogEntry {
             recent,
             started: Instant::now(),
             record: Some(record),
+            source: None,
         }
+    }
+
+    /// Starts the entry of `decision`, whose view `record` leaves empty: rendered when the
+    /// line is written to the log, or when `/debug/state` reads it.
+    pub(crate) fn unrendered(
+        log: Option<DecisionLog>,
+        recent: Arc<RecentDecisions>,
+        record: DecisionRecord,
+        decision: Decision,
+    ) -> LogEntry {
+        let mut entry = LogEntry::new(log, recent, record);
+        entry.source = Some(decision);
+        entry
     }
 
     fn record(&mut self) -> Option<&mut DecisionRecord> {
@@ -310,10 +389,14 @@ impl LogEntry {
 
 impl Drop for LogEntry {
     fn drop(&mut self) {
-        let Some(record) = self.record.take() else {
+        let Some(mut record) = self.record.take() else {
             return;
         };
+        let mut source = self.source.take();
         if let Some(log) = &self.log {
+            if let Some(decision) = source.take() {
+                record.decision = decision.to_view();
+            }
             match serde_json::to_vec(&record) {
                 Ok(mut line) => {
                     line.push(b'\n');
@@ -322,7 +405,7 @@ impl Drop for LogEntry {
                 Err(e) => tracing::warn!(error = %e, "decision log line not serializable"),
             }
         }
-        self.recent.push(record);
+        self.recent.push(Kept { record, source });
     }
 }
 

@@ -354,8 +354,8 @@ fn run_view(r: &ProfileDecision) -> RunView {
     }
 }
 
-/// Serializable form of a [`Decision`].
-#[derive(Debug, Clone, PartialEq, Serialize)]
+/// Serializable form of a [`Decision`] (empty by default).
+#[derive(Debug, Clone, PartialEq, Serialize, Default)]
 pub struct DecisionView {
     /// Request id.
     pub request_id: String,

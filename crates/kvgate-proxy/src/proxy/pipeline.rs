@@ -388,8 +388,8 @@ impl Proxy {
         };
         let mut guards = decision.take_guards();
         let predicted = decision.predicted_cached_tokens();
-        let mut record = DecisionRecord::new(
-            decision.to_view(),
+        let mut record = DecisionRecord::unrendered(
+            decision.request_id(),
             routed.sealed.model(),
             routed.facts.prompt_tokens,
             routed.tokenizer.map(BackendKind::label),
@@ -398,13 +398,17 @@ impl Proxy {
         record.router = routed.arrived.map(|(arrived, body)| {
             RouterTimes::new(arrived, body, routed.facts_at, Instant::now())
         });
-        let log = Some(LogEntry::new(
+        let endpoint = decision.endpoint().clone();
+        let fallbacks = fallbacks(decision.primary(), endpoint.name());
+        let headers = decision.headers().to_vec();
+        let scores = self.config.scores_header.then(|| decision.scores_header());
+        // The decision goes with its log entry; its view is rendered only if read.
+        let log = Some(LogEntry::unrendered(
             self.decision_log.clone(),
             Arc::clone(&self.recent),
             record,
+            decision,
         ));
-        let endpoint = decision.endpoint().clone();
-        let fallbacks = fallbacks(decision.primary(), endpoint.name());
         if let Some(p) = routed.pending.take() {
             let pins = guards
                 .iter_mut()
@@ -416,10 +420,10 @@ impl Proxy {
         Ok(Some(Pick {
             endpoint,
             fallbacks,
-            headers: decision.headers().to_vec(),
+            headers,
             guards,
             predicted,
-            scores: self.config.scores_header.then(|| decision.scores_header()),
+            scores,
             log,
             slot,
         }))

@@ -166,3 +166,66 @@ async fn reload_swaps_endpoints_without_dropping_in_flight_streams() {
     let (_, headers, _) = post_chat(&proxy, r#"{"model":"m"}"#).await;
     assert_eq!(headers["x-kvgate-endpoint"], new.addr.to_string().as_str());
 }
+
+/// `/debug/state` shows each finished request's decision with its scores: the record keeps
+/// the scheduler's decision and renders its view when the page is read.
+#[tokio::test]
+async fn recent_decisions_show_the_pick_and_its_scores() {
+    let a = Spy::start(Behavior::Json("{}".into())).await;
+    let b = Spy::start(Behavior::Json("{}".into())).await;
+    let proxy = RunningProxy::start(config(&[a.url(), b.url()])).await;
+    let mut picked = Vec::new();
+    for id in ["d-1", "d-2"] {
+        let (status, headers, _) = send(
+            Method::POST,
+            format!("{}/v1/chat/completions", proxy.url()),
+            r#"{"model":"m"}"#,
+            &[("content-type", "application/json"), ("x-request-id", id)],
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK);
+        picked.push(headers["x-kvgate-endpoint"].to_str().unwrap().to_owned());
+    }
+    let state = |body: Bytes| -> serde_json::Value { serde_json::from_slice(&body).unwrap() };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let decisions = loop {
+        let (_, _, body) = send(
+            Method::GET,
+            format!("http://{}/debug/state.json", proxy.admin),
+            Bytes::new(),
+            &[],
+        )
+        .await;
+        let s = state(body);
+        if s["decisions"].as_array().is_some_and(|d| d.len() == 2) {
+            break s["decisions"].clone();
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "two decisions never recorded: {s:#}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    // Newest first, each with its pick, both candidates and every scorer's score.
+    for (d, (id, endpoint)) in decisions
+        .as_array()
+        .unwrap()
+        .iter()
+        .zip([("d-2", &picked[1]), ("d-1", &picked[0])])
+    {
+        assert_eq!(d["request_id"], id, "{d:#}");
+        assert_eq!(d["decision"]["request_id"], id, "{d:#}");
+        assert_eq!(d["decision"]["endpoint"], endpoint.as_str(), "{d:#}");
+        let run = &d["decision"]["runs"][0];
+        assert_eq!(run["picked"], endpoint.as_str(), "{d:#}");
+        let candidates = run["candidates"].as_array().unwrap();
+        assert_eq!(candidates.len(), 2, "{d:#}");
+        assert_eq!(candidates[0]["endpoint"], endpoint.as_str(), "{d:#}");
+        assert!(
+            candidates
+                .iter()
+                .all(|c| !c["scores"].as_array().unwrap().is_empty()),
+            "{d:#}"
+        );
+    }
+}
