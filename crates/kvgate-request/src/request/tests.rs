@@ -208,6 +208,11 @@ fn invalid_utf8_anywhere_is_invalid_json() {
             21,
         ),
     ];
+    // Past the first SIMD blocks: the same offset from the vectorized check.
+    let long = [&b"{\"model\":\"m\",\"x\":\""[..], &[b'a'; 300], b"\xff\"}"].concat();
+    let rows = rows
+        .into_iter()
+        .chain([("deep in a long body", &long[..], 1, 319, 318)]);
     for (name, body, line, column, offset) in rows {
         let got = Request::parse(Api::ChatCompletions, Bytes::copy_from_slice(body));
         assert_eq!(
