@@ -83,15 +83,14 @@ fn error_code(body: &[u8]) -> String {
     v["error"]["code"].as_str().unwrap_or_default().to_owned()
 }
 
+/// The body of `GET path` on the admin port.
+async fn admin_get(proxy: &RunningProxy, path: &str) -> Bytes {
+    let url = format!("http://{}{path}", proxy.admin);
+    send(Method::GET, url, Bytes::new(), &[]).await.2
+}
+
 async fn metrics(proxy: &RunningProxy) -> String {
-    let (_, _, body) = send(
-        Method::GET,
-        format!("http://{}/metrics", proxy.admin),
-        Bytes::new(),
-        &[],
-    )
-    .await;
-    String::from_utf8(body.to_vec()).unwrap()
+    String::from_utf8(admin_get(proxy, "/metrics").await.to_vec()).unwrap()
 }
 
 /// Bodies the engine must receive byte for byte. `{M}` marks the top-level model value.

@@ -186,17 +186,10 @@ async fn recent_decisions_show_the_pick_and_its_scores() {
         assert_eq!(status, StatusCode::OK);
         picked.push(headers["x-kvgate-endpoint"].to_str().unwrap().to_owned());
     }
-    let state = |body: Bytes| -> serde_json::Value { serde_json::from_slice(&body).unwrap() };
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     let decisions = loop {
-        let (_, _, body) = send(
-            Method::GET,
-            format!("http://{}/debug/state.json", proxy.admin),
-            Bytes::new(),
-            &[],
-        )
-        .await;
-        let s = state(body);
+        let body = admin_get(&proxy, "/debug/state.json").await;
+        let s: serde_json::Value = serde_json::from_slice(&body).unwrap();
         if s["decisions"].as_array().is_some_and(|d| d.len() == 2) {
             break s["decisions"].clone();
         }
