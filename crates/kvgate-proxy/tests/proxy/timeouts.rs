@@ -123,6 +123,35 @@ async fn an_idle_keep_alive_connection_is_closed_after_its_request() {
     assert!(got.ends_with(r#"{"id":"x"}"#), "{got}");
 }
 
+/// The between-chunks timeout counts from the last chunk: a stream whose chunks come more
+/// often than the timeout runs to its end however long it lasts in all.
+#[tokio::test]
+async fn a_stream_longer_than_the_stall_timeout_runs_to_its_end() {
+    let spy = Spy::start(Behavior::Sse {
+        events: vec![r#"{"id":"a","model":"{MODEL}","choices":[]}"#.into(); 4],
+        gap: Duration::from_millis(400),
+    })
+    .await;
+    let mut c = config(&[spy.url()]);
+    c.timeouts.stream_idle = Duration::from_secs(1);
+    let proxy = RunningProxy::start(c).await;
+    let req = http::Request::post(format!("{}/v1/chat/completions", proxy.url()))
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(r#"{"model":"m","stream":true}"#)))
+        .unwrap();
+    let resp = client().request(req).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    let body = tokio::time::timeout(DEADLINE, resp.into_body().collect())
+        .await
+        .expect("the stream never ended")
+        .expect("the stream ended with an error")
+        .to_bytes();
+    let body = String::from_utf8_lossy(&body);
+    assert_eq!(body.matches(r#""id":"a""#).count(), 4, "{body}");
+    assert!(body.ends_with("data: [DONE]\n\n"), "{body}");
+    assert_eq!(timeouts_of(&metrics(&proxy).await, "stream_idle"), 0);
+}
+
 #[tokio::test]
 async fn an_engine_stalling_between_chunks_ends_the_stream() {
     let spy = Spy::start(Behavior::Sse {
