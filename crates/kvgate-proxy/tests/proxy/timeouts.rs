@@ -123,25 +123,35 @@ async fn an_idle_keep_alive_connection_is_closed_after_its_request() {
     assert!(got.ends_with(r#"{"id":"x"}"#), "{got}");
 }
 
-/// The between-chunks timeout counts from the last chunk: a stream whose chunks come more
-/// often than the timeout runs to its end however long it lasts in all.
-#[tokio::test]
-async fn a_stream_longer_than_the_stall_timeout_runs_to_its_end() {
-    let spy = Spy::start(Behavior::Sse {
-        events: vec![r#"{"id":"a","model":"{MODEL}","choices":[]}"#.into(); 4],
-        gap: Duration::from_millis(400),
+/// An engine streaming `events` chunk events `gap` apart, then `[DONE]`.
+async fn sse_spy(events: usize, gap: Duration) -> Spy {
+    Spy::start(Behavior::Sse {
+        events: vec![r#"{"id":"a","model":"{MODEL}","choices":[]}"#.into(); events],
+        gap,
     })
-    .await;
-    let mut c = config(&[spy.url()]);
-    c.timeouts.stream_idle = Duration::from_secs(1);
-    let proxy = RunningProxy::start(c).await;
+    .await
+}
+
+/// Posts a streamed chat and returns its body once the answer's `200` head arrived.
+async fn stream_chat(proxy: &RunningProxy) -> hyper::body::Incoming {
     let req = http::Request::post(format!("{}/v1/chat/completions", proxy.url()))
         .header("content-type", "application/json")
         .body(Full::new(Bytes::from(r#"{"model":"m","stream":true}"#)))
         .unwrap();
     let resp = client().request(req).await.unwrap();
     assert_eq!(resp.status(), StatusCode::OK);
-    let body = tokio::time::timeout(DEADLINE, resp.into_body().collect())
+    resp.into_body()
+}
+
+/// The between-chunks timeout counts from the last chunk: a stream whose chunks come more
+/// often than the timeout runs to its end however long it lasts in all.
+#[tokio::test]
+async fn a_stream_longer_than_the_stall_timeout_runs_to_its_end() {
+    let spy = sse_spy(4, Duration::from_millis(400)).await;
+    let mut c = config(&[spy.url()]);
+    c.timeouts.stream_idle = Duration::from_secs(1);
+    let proxy = RunningProxy::start(c).await;
+    let body = tokio::time::timeout(DEADLINE, stream_chat(&proxy).await.collect())
         .await
         .expect("the stream never ended")
         .expect("the stream ended with an error")
@@ -154,19 +164,9 @@ async fn a_stream_longer_than_the_stall_timeout_runs_to_its_end() {
 
 #[tokio::test]
 async fn an_engine_stalling_between_chunks_ends_the_stream() {
-    let spy = Spy::start(Behavior::Sse {
-        events: vec![r#"{"id":"a","model":"{MODEL}","choices":[]}"#.into(); 2],
-        gap: Duration::from_secs(60),
-    })
-    .await;
+    let spy = sse_spy(2, Duration::from_secs(60)).await;
     let proxy = RunningProxy::start(short_timeouts(&[spy.url()])).await;
-    let req = http::Request::post(format!("{}/v1/chat/completions", proxy.url()))
-        .header("content-type", "application/json")
-        .body(Full::new(Bytes::from(r#"{"model":"m","stream":true}"#)))
-        .unwrap();
-    let resp = client().request(req).await.unwrap();
-    assert_eq!(resp.status(), StatusCode::OK);
-    let mut body = resp.into_body();
+    let mut body = stream_chat(&proxy).await;
     let mut seen = Vec::new();
     let ended = tokio::time::timeout(DEADLINE, async {
         loop {
