@@ -2,7 +2,7 @@
 #
 # Stage 1 builds the release binary with the toolchain of the official Rust image (the
 # workspace needs Rust >= 1.89; no system libraries: ZeroMQ is pure Rust, the tokenizer's
-# oniguruma and ring's C parts build with the image's gcc). Stage 2 is a slim Debian with
+# oniguruma, ring's and mimalloc's C parts build with the image's gcc). Stage 2 is a slim Debian with
 # only the binary, CA certificates (kube's TLS to the API server when a kubeconfig names no
 # CA) and a non-root user.
 #
