@@ -117,43 +117,40 @@ impl Proxy {
             },
         };
         match alias {
-            // Boxed: only an aliased model's JSON answer waits here.
-            Some(asked) if is_json => {
-                match Box::pin(collect_within(body, MAX_REWRITE_BODY)).await {
-                    Collected::Whole(bytes) => {
-                        tracker.finish_with(&bytes);
-                        let bytes = kvgate_request::rewrite_model_json(&bytes, &asked)
-                            .map_or(bytes, Bytes::from);
-                        parts
-                            .headers
-                            .insert(header::CONTENT_LENGTH, HeaderValue::from(bytes.len()));
-                        guard.complete();
-                        Ok(Response::from_parts(parts, full(bytes)))
-                    }
-                    Collected::TooLarge { head, rest } => {
-                        tracing::debug!(
-                            endpoint = %ep.name(),
-                            limit_bytes = MAX_REWRITE_BODY,
-                            "response too large to restore the model alias; forwarded unchanged"
-                        );
-                        let body = StreamBody::new(rest, None, guard, tracker)
-                            .with_prefix(head)
-                            .with_stall_timeout(stall, stalls);
-                        Ok(Response::from_parts(parts, body.boxed()))
-                    }
-                    Collected::Failed(e) => {
-                        let err = ProxyError::UpstreamBody {
-                            endpoint: ep.name().to_owned(),
-                            reason: e.to_string(),
-                        };
-                        let mut tracker = tracker;
-                        if let Some(span) = &mut tracker.span {
-                            span.broke(err.reason());
-                        }
-                        Err((err, guard))
-                    }
+            Some(asked) if is_json => match collect_within(body, MAX_REWRITE_BODY).await {
+                Collected::Whole(bytes) => {
+                    tracker.finish_with(&bytes);
+                    let bytes = kvgate_request::rewrite_model_json(&bytes, &asked)
+                        .map_or(bytes, Bytes::from);
+                    parts
+                        .headers
+                        .insert(header::CONTENT_LENGTH, HeaderValue::from(bytes.len()));
+                    guard.complete();
+                    Ok(Response::from_parts(parts, full(bytes)))
                 }
-            }
+                Collected::TooLarge { head, rest } => {
+                    tracing::debug!(
+                        endpoint = %ep.name(),
+                        limit_bytes = MAX_REWRITE_BODY,
+                        "response too large to restore the model alias; forwarded unchanged"
+                    );
+                    let body = StreamBody::new(rest, None, guard, tracker)
+                        .with_prefix(head)
+                        .with_stall_timeout(stall, stalls);
+                    Ok(Response::from_parts(parts, body.boxed()))
+                }
+                Collected::Failed(e) => {
+                    let err = ProxyError::UpstreamBody {
+                        endpoint: ep.name().to_owned(),
+                        reason: e.to_string(),
+                    };
+                    let mut tracker = tracker;
+                    if let Some(span) = &mut tracker.span {
+                        span.broke(err.reason());
+                    }
+                    Err((err, guard))
+                }
+            },
             Some(asked) if is_sse => {
                 parts.headers.remove(header::CONTENT_LENGTH);
                 let body =
