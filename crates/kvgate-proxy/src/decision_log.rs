@@ -177,48 +177,11 @@ impl RouterTimes {
 }
 
 impl DecisionRecord {
-    /// A record of `decision`, its outcome not known yet.
-    #[cfg(test)]
+    /// A record of request `request_id`'s decision, its outcome not known yet. Its `decision`
+    /// view starts empty: rendered from the scheduler's decision when the record is written
+    /// or read (see [`LogEntry::unrendered`]).
     pub(crate) fn new(
-        decision: DecisionView,
-        model: Option<&str>,
-        prompt_tokens: Option<u64>,
-        tokenizer: Option<&'static str>,
-        predicted: Option<u64>,
-    ) -> DecisionRecord {
-        let request_id = decision.request_id.clone();
-        DecisionRecord::of(
-            request_id,
-            decision,
-            model,
-            prompt_tokens,
-            tokenizer,
-            predicted,
-        )
-    }
-
-    /// A record of request `request_id` whose decision view is rendered later (see
-    /// [`LogEntry::unrendered`]).
-    pub(crate) fn unrendered(
         request_id: &str,
-        model: Option<&str>,
-        prompt_tokens: Option<u64>,
-        tokenizer: Option<&'static str>,
-        predicted: Option<u64>,
-    ) -> DecisionRecord {
-        DecisionRecord::of(
-            request_id.to_owned(),
-            DecisionView::default(),
-            model,
-            prompt_tokens,
-            tokenizer,
-            predicted,
-        )
-    }
-
-    fn of(
-        request_id: String,
-        decision: DecisionView,
         model: Option<&str>,
         prompt_tokens: Option<u64>,
         tokenizer: Option<&'static str>,
@@ -228,7 +191,7 @@ impl DecisionRecord {
             ts_ms: SystemTime::now()
                 .duration_since(UNIX_EPOCH)
                 .map_or(0, |d| d.as_millis() as u64),
-            request_id,
+            request_id: request_id.to_owned(),
             model: model.map(str::to_owned),
             prompt_tokens,
             tokenizer,
@@ -239,7 +202,7 @@ impl DecisionRecord {
             predicted_cached_tokens: predicted,
             realized_cached_tokens: None,
             router: None,
-            decision,
+            decision: DecisionView::default(),
         }
     }
 }
@@ -433,7 +396,8 @@ mod tests {
         prompt: Option<u64>,
         predicted: Option<u64>,
     ) -> LogEntry {
-        let record = DecisionRecord::new(view(id), Some("m"), prompt, Some("local"), predicted);
+        let mut record = DecisionRecord::new(id, Some("m"), prompt, Some("local"), predicted);
+        record.decision = view(id);
         LogEntry::new(log.cloned(), Arc::clone(recent), record)
     }
 

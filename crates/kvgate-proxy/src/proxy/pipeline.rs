@@ -388,7 +388,7 @@ impl Proxy {
         };
         let mut guards = decision.take_guards();
         let predicted = decision.predicted_cached_tokens();
-        let mut record = DecisionRecord::unrendered(
+        let mut record = DecisionRecord::new(
             decision.request_id(),
             routed.sealed.model(),
             routed.facts.prompt_tokens,

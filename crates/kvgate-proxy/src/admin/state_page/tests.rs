@@ -91,7 +91,8 @@ fn decision(id: &str, picked: &str, other: &str) -> DecisionRecord {
         }],
         failed: vec![],
     };
-    let mut r = DecisionRecord::new(view, Some("m<1>"), Some(128), Some("local"), Some(96));
+    let mut r = DecisionRecord::new(id, Some("m<1>"), Some(128), Some("local"), Some(96));
+    r.decision = view;
     r.status = 200;
     r.outcome = "completed";
     r.realized_cached_tokens = Some(64);
