@@ -73,12 +73,13 @@ for tool in nginx wrk hey curl python3; do
 done
 NGINX=$(command -v nginx || echo /usr/sbin/nginx)
 [[ -x $KVGATE ]] || die "$KVGATE missing (cargo build --release -p kvgate)"
-for t in "${TARGETS[@]}"; do
-  [[ $t != hyper-bare || -x $BARE ]] ||
-    die "$BARE missing (cargo build --release -p kvgate-proxy --example bare_proxy)"
-done
 needs_peers=0
-for t in "${TARGETS[@]}"; do case $t in vllm-*|smg-*) needs_peers=1 ;; esac; done
+for t in "${TARGETS[@]}"; do
+  case $t in
+    vllm-*|smg-*) needs_peers=1 ;;
+    hyper-bare) [[ -x $BARE ]] || die "$BARE missing (cargo build --release -p kvgate-proxy --example bare_proxy)" ;;
+  esac
+done
 if ((needs_peers)) && [[ ! -x $PEERS_VENV/bin/smg || ! -x $PEERS_VENV/bin/vllm-router ]]; then
   python3 -m venv "$PEERS_VENV"
   "$PEERS_VENV/bin/pip" install --quiet vllm-router==0.1.17 sglang-router==0.3.2
