@@ -228,7 +228,9 @@ async fn a_continuation_held_by_its_pick_is_routed_on_a_prefix_and_settled() {
     assert_eq!(outcome_count(&proxy, held, "held_by_pick").await, 0);
 
     // The continuation decodes 300 tokens at 10 ms each: in flight for seconds after its pick.
-    let next = format!("{first} {}", system_prompt(32, 200));
+    // Its 2,000 new words (~12 KB) keep the rest past its first passes over the held stop's
+    // 8 KiB of unencoded text wherever the segment cache's chunks happen to end.
+    let next = format!("{first} {}", system_prompt(32, 2000));
     let body = json!({"model": MODEL, "prompt": next, "max_tokens": 300, "ignore_eos": true});
     let (next_at, predicted) = complete(proxy.url(), body).await;
     assert_eq!(next_at, at, "the continuation left its holder");

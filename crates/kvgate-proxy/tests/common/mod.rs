@@ -115,17 +115,19 @@ pub(crate) async fn chat(proxy: &RunningProxy, body: &Value) -> Answer {
     }
 }
 
-/// A system prompt of about `words` words, distinct per `seed`.
+/// A system prompt of about `words` words, distinct per `seed` from its first block on: the
+/// word sequence repeats every 12 seeds, so the seed leads the text (seeds 7 and 1003 share no
+/// block).
 pub(crate) fn system_prompt(seed: usize, words: usize) -> String {
     const WORDS: [&str; 12] = [
         "cache", "router", "engine", "prefix", "token", "block", "replica", "event", "latency",
         "queue", "model", "batch",
     ];
-    (0..words)
+    let words = (0..words)
         .map(|i| WORDS[(i * 7 + seed * 13 + i / 5) % WORDS.len()])
         .collect::<Vec<_>>()
-        .join(" ")
-        + &format!(" (conversation {seed})")
+        .join(" ");
+    format!("(conversation {seed}) {words}")
 }
 
 pub(crate) async fn proxy_get(proxy: &RunningProxy, path: &str) -> String {
