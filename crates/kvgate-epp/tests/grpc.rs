@@ -328,6 +328,15 @@ async fn bodies_in_flight_share_the_body_budget() {
     // The first 40 bytes of one body are held while a second body wants 61 more.
     let mut first = open().await;
     first.send(body(&chat[..40], false, false)).await;
+    // The streams are served concurrently: the second body is sent once the first one's
+    // bytes are reserved.
+    let held = || epp.proxy.body_budget().held();
+    wait_for(
+        "the first body's bytes reserved",
+        Duration::from_secs(10),
+        || async { held() >= 40 },
+    )
+    .await;
     let mut second = open().await;
     second.send(body(&[b' '; 61], false, false)).await;
     let (status, json) = immediate(&second.recv().await);
@@ -337,6 +346,12 @@ async fn bodies_in_flight_share_the_body_budget() {
     // The first body ends and is routed; its bytes are given back.
     first.send(body(&chat[40..], true, false)).await;
     assert!(picked(&first.recv().await), "the first body is routed");
+    wait_for(
+        "the first body's bytes given back",
+        Duration::from_secs(10),
+        || async { held() == 0 },
+    )
+    .await;
     let mut third = open().await;
     let mut padded = chat.to_vec();
     padded.resize(100, b' ');

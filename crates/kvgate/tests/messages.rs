@@ -68,13 +68,17 @@ fn answer(body: &str, stream: bool, model: &str) -> (String, Value) {
 }
 
 /// `conversations` Anthropic conversations of `turns` turns each for `model`, one after
-/// another; every other conversation streams. Returns, per conversation, its turns.
+/// another, each turn sent once the router's index holds what the previous ones left
+/// cached ([`Settled`]); every other conversation streams. Returns, per conversation, its
+/// turns.
 fn converse(
     proxy: std::net::SocketAddr,
+    admin: std::net::SocketAddr,
     model: &str,
     conversations: usize,
     turns: usize,
 ) -> Vec<Vec<Turn>> {
+    let mut settled = Settled::new(admin);
     let mut out = Vec::new();
     for c in 0..conversations {
         let stream = c % 2 == 1;
@@ -97,9 +101,15 @@ fn converse(
             let (status, head, reply) = exchange(proxy, "POST", "/v1/messages", &body);
             assert_eq!(status, 200, "{head}\n{reply}");
             let (text, usage) = answer(&reply, stream, model);
+            let count = |k: &str| usage[k].as_u64().unwrap_or(0);
+            let prompt = count("input_tokens")
+                + count("cache_read_input_tokens")
+                + count("cache_creation_input_tokens");
+            let endpoint = header(&head, "x-kvgate-endpoint").unwrap();
+            settled.turn(c, &endpoint, prompt, count("output_tokens"));
             done.push(Turn {
                 request_id: header(&head, "x-request-id").unwrap(),
-                endpoint: header(&head, "x-kvgate-endpoint").unwrap(),
+                endpoint,
                 predicted: header(&head, "x-kvgate-predicted-tokens")
                     .map_or(0, |p| p.parse().unwrap()),
                 cached: usage["cache_read_input_tokens"].as_u64().unwrap(),
@@ -166,10 +176,10 @@ fn follow_ups_stick_to_their_holder(model: &str, extra: &[String]) -> Vec<Value>
         .collect();
     flags.extend(["--decision-log".to_owned(), log.display().to_string()]);
     flags.extend(extra.iter().cloned());
-    let (_router, lines, proxy, _admin) = serve(&flags);
+    let (_router, lines, proxy, admin) = serve(&flags);
 
     let (conversations, turns) = (24, 4);
-    let chats = converse(proxy, model, conversations, turns);
+    let chats = converse(proxy, admin, model, conversations, turns);
     let (mut holder, mut exact, mut all) = (0, 0, 0);
     for chat in &chats {
         let first = &chat[0].endpoint;

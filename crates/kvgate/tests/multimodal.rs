@@ -19,8 +19,6 @@ mod common;
 
 use common::*;
 
-const BLOCK: u64 = 16;
-
 /// A base64 data URL of `n` bytes (`n` a multiple of 3), distinct per `seed`.
 fn data_url(seed: usize, n: usize) -> String {
     const B64: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
@@ -61,16 +59,6 @@ fn route(proxy: SocketAddr, body: &str) -> Routed {
             .unwrap(),
         prompt: v["usage"]["prompt_tokens"].as_u64().unwrap(),
     }
-}
-
-/// The router's `kvgate_kv_index_holdings` of the endpoint at `engine` (0 before any).
-fn holdings(admin: SocketAddr, engine: &str) -> u64 {
-    let (_, _, text) = exchange(admin, "GET", "/metrics", "");
-    text.lines()
-        .filter(|l| l.starts_with("kvgate_kv_index_holdings{") && l.contains(engine))
-        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
-        .map(|v| v as u64)
-        .sum()
 }
 
 /// Polls `done` until it holds (panics after 60 s).

@@ -108,9 +108,16 @@ struct Turn {
     cached: u64,
 }
 
-/// `conversations` chats of `turns` turns each, one after another. Returns, per
-/// conversation, its first turn's endpoint and its follow-ups.
-fn converse(proxy: SocketAddr, conversations: usize, turns: usize) -> Vec<(String, Vec<Turn>)> {
+/// `conversations` chats of `turns` turns each, one after another, each turn sent once the
+/// router holds what the previous ones left cached. Returns, per conversation, its first
+/// turn's endpoint and its follow-ups.
+fn converse(
+    proxy: SocketAddr,
+    admin: SocketAddr,
+    conversations: usize,
+    turns: usize,
+) -> Vec<(String, Vec<Turn>)> {
+    let mut settled = Settled::new(admin);
     let mut out = Vec::new();
     for c in 0..conversations {
         let system = system_prompt(c, 300);
@@ -133,6 +140,12 @@ fn converse(proxy: SocketAddr, conversations: usize, turns: usize) -> Vec<(Strin
                     .as_u64()
                     .unwrap(),
             };
+            settled.turn(
+                c,
+                &turn.endpoint,
+                v["usage"]["prompt_tokens"].as_u64().unwrap(),
+                v["usage"]["completion_tokens"].as_u64().unwrap(),
+            );
             let content = v["choices"][0]["message"]["content"].as_str().unwrap();
             messages.push(json!({"role": "assistant", "content": content}));
             if t == 0 {
@@ -147,13 +160,16 @@ fn converse(proxy: SocketAddr, conversations: usize, turns: usize) -> Vec<(Strin
 }
 
 /// `conversations` Responses conversations of `turns` turns each (`instructions` plus the
-/// growing item list, the assistant's answers as `output_text` items). Turns count the
-/// engine's own `input_tokens_details.cached_tokens` as realized.
+/// growing item list, the assistant's answers as `output_text` items), paced as
+/// [`converse`]'s. Turns count the engine's own `input_tokens_details.cached_tokens` as
+/// realized.
 fn converse_responses(
     proxy: SocketAddr,
+    admin: SocketAddr,
     conversations: usize,
     turns: usize,
 ) -> Vec<(String, Vec<Turn>)> {
+    let mut settled = Settled::new(admin);
     let mut out = Vec::new();
     for c in 0..conversations {
         let instructions = system_prompt(c + 1000, 300);
@@ -177,6 +193,12 @@ fn converse_responses(
                     .as_u64()
                     .unwrap(),
             };
+            settled.turn(
+                c,
+                &turn.endpoint,
+                v["usage"]["input_tokens"].as_u64().unwrap(),
+                v["usage"]["output_tokens"].as_u64().unwrap(),
+            );
             let text = v["output"][0]["content"][0]["text"].as_str().unwrap();
             input.push(json!({"type": "message", "role": "assistant",
                               "content": [{"type": "output_text", "text": text}]}));
@@ -245,7 +267,7 @@ fn endpoint_flags(engines: &[Engine], spies: &[Spy]) -> Vec<String> {
 fn endpoints_alone_route_precisely_through_the_engine_render_endpoint() {
     let (_sim, engines) = sim(3);
     let spies: Vec<Spy> = engines.iter().map(|e| Spy::start(e.http)).collect();
-    let (router, lines, proxy, _admin) = serve(&endpoint_flags(&engines, &spies));
+    let (router, lines, proxy, admin) = serve(&endpoint_flags(&engines, &spies));
     let line = chain_line(&lines);
     eprintln!("start-up line: {line}");
     assert!(line.contains("render(http://127.0.0.1:"), "{line}");
@@ -254,7 +276,7 @@ fn endpoints_alone_route_precisely_through_the_engine_render_endpoint() {
         "{line}"
     );
 
-    let chats = converse(proxy, 48, 4);
+    let chats = converse(proxy, admin, 48, 4);
     assert_follow_ups_stick(&chats);
     let renders: u64 = spies.iter().map(|s| s.count("/render")).sum();
     eprintln!("render requests seen by the engines: {renders}");
@@ -277,14 +299,14 @@ fn a_named_local_tokenizer_is_used_and_render_is_not_called() {
     let spies: Vec<Spy> = engines.iter().map(|e| Spy::start(e.http)).collect();
     let mut flags = endpoint_flags(&engines, &spies);
     flags.extend(["--tokenizer".to_owned(), format!("{MODEL}={TOKENIZER}")]);
-    let (_router, lines, proxy, _admin) = serve(&flags);
+    let (_router, lines, proxy, admin) = serve(&flags);
     let line = chain_line(&lines);
     eprintln!("start-up line: {line}");
     assert!(line.contains("tokenizer chain local("), "{line}");
     assert!(line.contains("local tokenizer named"), "{line}");
     assert!(!line.contains("render("), "{line}");
 
-    let chats = converse(proxy, 48, 4);
+    let chats = converse(proxy, admin, 48, 4);
     let (holder, exact, all) = tally(&chats);
     eprintln!("follow-ups: {holder}/{all} on the holder, {exact}/{all} predicted = realized");
     assert!(holder * 100 >= all * 95, "{holder}/{all} on the holder");
@@ -309,7 +331,7 @@ fn responses_follow_ups_stick_to_their_holder() {
     flags.extend(["--tokenizer".to_owned(), format!("{MODEL}={TOKENIZER}")]);
     let (_router, _lines, proxy, admin) = serve(&flags);
 
-    let threads = converse_responses(proxy, 24, 4);
+    let threads = converse_responses(proxy, admin, 24, 4);
     assert_follow_ups_stick(&threads);
     let seen: u64 = spies.iter().map(|s| s.count("/v1/responses")).sum();
     assert_eq!(seen, 24 * 4, "the spies saw every request");

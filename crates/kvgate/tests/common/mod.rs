@@ -4,6 +4,7 @@
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
 use std::{
+    collections::HashMap,
     ffi::OsStr,
     io::{BufRead, BufReader, Read, Write},
     net::{SocketAddr, TcpStream},
@@ -273,4 +274,66 @@ pub(crate) fn chain_line(lines: &[Value]) -> String {
         .find(|m| m.starts_with(&format!("model {MODEL}: tokenizer chain ")))
         .unwrap_or_else(|| panic!("no chain line for {MODEL}: {lines:#?}"))
         .to_owned()
+}
+
+/// The blocks each conversation left cached on each engine, and a wait for the router's
+/// index to hold them. A turn's answer completes blocks that only the engine's KV event
+/// announces; the next turn is sent once the router holds them, so that a prediction one
+/// block short measures event delivery on a loaded machine, not the token parity these
+/// tests check.
+pub(crate) struct Settled {
+    admin: SocketAddr,
+    /// Full blocks cached per (endpoint, conversation): the KV of every token but the last
+    /// sampled one is computed.
+    blocks: HashMap<(String, usize), u64>,
+}
+
+impl Settled {
+    pub(crate) fn new(admin: SocketAddr) -> Settled {
+        Settled {
+            admin,
+            blocks: HashMap::new(),
+        }
+    }
+
+    /// Notes that `endpoint` served conversation `conv` a turn of `prompt` + `completion`
+    /// tokens, then waits (60 s at most) until the router's index holds, from the engine's
+    /// events, at least every block the conversations served there left cached.
+    pub(crate) fn turn(&mut self, conv: usize, endpoint: &str, prompt: u64, completion: u64) {
+        let full = (prompt + completion).saturating_sub(1) / BLOCK;
+        let held = self.blocks.entry((endpoint.to_owned(), conv)).or_default();
+        *held = (*held).max(full);
+        let want: u64 = self
+            .blocks
+            .iter()
+            .filter(|((e, _), _)| e == endpoint)
+            .map(|(_, n)| n)
+            .sum();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let have = holdings(self.admin, endpoint);
+            if have >= want {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the index holds {have} of {endpoint}'s {want} cached blocks"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+}
+
+/// The sims' block size (their default).
+pub(crate) const BLOCK: u64 = 16;
+
+/// The router's `kvgate_kv_index_holdings` of `endpoint` (event-confirmed holdings only;
+/// 0 before any).
+pub(crate) fn holdings(admin: SocketAddr, endpoint: &str) -> u64 {
+    let (_, _, text) = exchange(admin, "GET", "/metrics", "");
+    text.lines()
+        .filter(|l| l.starts_with("kvgate_kv_index_holdings{") && l.contains(endpoint))
+        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+        .map(|v| v as u64)
+        .sum()
 }
