@@ -202,7 +202,22 @@ async fn repeated_chat_hits_cache_with_lower_ttft_and_metrics_move() {
         ttft(&first)
     );
 
-    let m = metrics(http).await;
+    // The stats behind `/metrics` are published after the step that answered (as vLLM's
+    // stat logger): take the first snapshot that counts both requests finished.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let m = loop {
+        let m = metrics(http).await;
+        if metric(&m, "vllm:e2e_request_latency_seconds_count") >= 2.0
+            && metric(&m, "vllm:num_requests_running") == 0.0
+        {
+            break m;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the stats never counted both requests finished"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
     assert_eq!(
         metric(&m, "vllm:prefix_cache_queries_total"),
         (2 * prompt_tokens) as f64
