@@ -8,10 +8,7 @@
 //! same size (identical token ids) matches only the blocks before the image.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::{
-    net::SocketAddr,
-    time::{Duration, Instant},
-};
+use std::net::SocketAddr;
 
 use serde_json::{Value, json};
 
@@ -58,15 +55,6 @@ fn route(proxy: SocketAddr, body: &str) -> Routed {
             .as_u64()
             .unwrap(),
         prompt: v["usage"]["prompt_tokens"].as_u64().unwrap(),
-    }
-}
-
-/// Polls `done` until it holds (panics after 60 s).
-fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !done() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(20));
     }
 }
 

@@ -74,20 +74,10 @@ async fn eviction_emits_block_removed_for_exactly_the_evicted_hashes() {
         r.json()["usage"]["prompt_tokens_details"]["cached_tokens"],
         16
     );
-    // The stats behind `/metrics` are published after the step that answered, as vLLM's
-    // stat logger does: wait for them rather than race the answer.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        let hits = metric(&metrics(http).await, "vllm:prefix_cache_hits_total");
-        if hits >= 16.0 {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "prefix_cache_hits_total {hits} after the hit"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    metrics_when(http, "the hit in prefix_cache_hits_total", |m| {
+        metric(m, "vllm:prefix_cache_hits_total") >= 16.0
+    })
+    .await;
     sim.shutdown().await;
 }
 

@@ -107,6 +107,28 @@ async fn metrics(addr: SocketAddr) -> HashMap<String, f64> {
         .collect()
 }
 
+/// The first `/metrics` snapshot for which `ready` holds (fails the test after 10 s). The
+/// stats behind it are published after the step that answered, as vLLM's stat logger does,
+/// so a test that reads them right after an answer waits for them.
+async fn metrics_when(
+    addr: SocketAddr,
+    what: &str,
+    ready: impl Fn(&HashMap<String, f64>) -> bool,
+) -> HashMap<String, f64> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let m = metrics(addr).await;
+        if ready(&m) {
+            return m;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 fn metric(m: &HashMap<String, f64>, name: &str) -> f64 {
     m.iter()
         .filter(|(k, _)| k.split('{').next() == Some(name))
@@ -202,22 +224,11 @@ async fn repeated_chat_hits_cache_with_lower_ttft_and_metrics_move() {
         ttft(&first)
     );
 
-    // The stats behind `/metrics` are published after the step that answered (as vLLM's
-    // stat logger): take the first snapshot that counts both requests finished.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    let m = loop {
-        let m = metrics(http).await;
-        if metric(&m, "vllm:e2e_request_latency_seconds_count") >= 2.0
-            && metric(&m, "vllm:num_requests_running") == 0.0
-        {
-            break m;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the stats never counted both requests finished"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    };
+    let m = metrics_when(http, "stats counting both requests finished", |m| {
+        metric(m, "vllm:e2e_request_latency_seconds_count") >= 2.0
+            && metric(m, "vllm:num_requests_running") == 0.0
+    })
+    .await;
     assert_eq!(
         metric(&m, "vllm:prefix_cache_queries_total"),
         (2 * prompt_tokens) as f64

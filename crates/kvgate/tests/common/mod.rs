@@ -309,18 +309,9 @@ impl Settled {
             .filter(|((e, _), _)| e == endpoint)
             .map(|(_, n)| n)
             .sum();
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            let have = holdings(self.admin, endpoint);
-            if have >= want {
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "the index holds {have} of {endpoint}'s {want} cached blocks"
-            );
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        wait_until(&format!("{want} held blocks of {endpoint}"), || {
+            holdings(self.admin, endpoint) >= want
+        });
     }
 }
 
@@ -336,4 +327,13 @@ pub(crate) fn holdings(admin: SocketAddr, endpoint: &str) -> u64 {
         .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
         .map(|v| v as u64)
         .sum()
+}
+
+/// Polls `done` until it holds (panics after 60 s).
+pub(crate) fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !done() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
