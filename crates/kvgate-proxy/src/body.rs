@@ -83,15 +83,12 @@ impl RequestGuard {
         }
         self.finished = true;
         let elapsed = self.start.elapsed();
-        let endpoint = self.endpoint.clone().unwrap_or_else(|| "none".to_owned());
-        self.metrics
-            .requests
-            .get_or_create(&RequestLabels {
-                api: self.api.label(),
-                status: self.status,
-                endpoint: endpoint.clone(),
-            })
-            .inc();
+        let labels = RequestLabels {
+            api: self.api.label(),
+            status: self.status,
+            endpoint: self.endpoint.take().unwrap_or_else(|| "none".to_owned()),
+        };
+        self.metrics.requests.get_or_create(&labels).inc();
         self.metrics
             .duration
             .get_or_create(&ApiLabels {
@@ -111,7 +108,7 @@ impl RequestGuard {
             request_id = ?self.request_id,
             api = self.api.label(),
             status = self.status,
-            endpoint = %endpoint,
+            endpoint = %labels.endpoint,
             duration_ms = elapsed.as_secs_f64() * 1e3,
             completed,
             "request finished"

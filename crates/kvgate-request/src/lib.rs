@@ -14,12 +14,14 @@
 //! - [`response`]: reading engine responses: putting the client's model name back into
 //!   JSON bodies and SSE events, and reading `usage`.
 //! - [`sse`]: server-sent events framing, with a cap on one event's size.
+//! - `top_level`: finding one top-level key of a JSON object without parsing the rest.
 
 pub mod api;
 pub mod error;
 pub mod request;
 pub mod response;
 pub mod sse;
+mod top_level;
 
 pub use self::{
     api::Api,
