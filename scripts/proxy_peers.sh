@@ -19,7 +19,11 @@
 #                 kvgate's cost is the stack and what its own work (not in the default list;
 #                 cargo build --release -p kvgate-proxy --example bare_proxy)
 # Load, per target and round: wrk (closed loop, -t1 -c16, DURATION s) for req/s and latency,
-# then hey at a fixed 500 req/s (-c 10 -q 50) for p50/p99 at that rate. The router's CPU time
+# then hey at a fixed 500 req/s twice, for p50/p99 at that rate: evenly spaced (-c 1 -q 500,
+# one request every 2 ms; the rate it held is reported, as a request slower than 2 ms would
+# delay the next) and in bursts (-c 10 -q 50: hey's ten workers tick together, so ten
+# requests arrive within a millisecond every 20 ms, and the last of a burst waits for the
+# router to finish the nine before it). The router's CPU time
 # (user + system, its process and direct children, from /proc) over the wrk run, divided by
 # the requests wrk completed, is its CPU per request: on a machine the router shares with wrk
 # and the engine, a steadier measure of its cost than req/s. Round 2 runs the
@@ -56,7 +60,7 @@ while (($#)); do
     --out) OUT=$2; shift 2 ;;
     --instructions) INSTRUCTIONS=$2; shift 2 ;;
     --unique) UNIQUE=1; shift ;;
-    -h|--help) sed -n '2,44p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,48p' "$0"; exit 0 ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -287,7 +291,7 @@ RESULTS="$OUT/results.jsonl"
   echo "kvgate: $KVGATE ($(git rev-parse --short HEAD)$(git diff --quiet || echo ', dirty tree'))"
   echo "peers: $("$PEERS_VENV/bin/python" -m pip list 2>/dev/null | awk '$1=="vllm-router"||$1=="sglang-router"{printf "%s==%s ", $1, $2}')"
   echo "engine: nginx $("$NGINX" -v 2>&1 | sed 's|.*/||'), 1 worker, a fixed completion; body $BODY_BYTES bytes"
-  echo "load: wrk -t1 -c16 -d${DURATION}s --latency$( ((UNIQUE)) && echo ', a unique body per request'); hey -z ${DURATION}s -c 10 -q 50 (500 req/s); $ROUNDS rounds, round 2 reversed"
+  echo "load: wrk -t1 -c16 -d${DURATION}s --latency$( ((UNIQUE)) && echo ', a unique body per request'); hey -z ${DURATION}s at 500 req/s, -c 1 -q 500 (evenly spaced) and -c 10 -q 50 (bursts of 10); $ROUNDS rounds, round 2 reversed"
 } >"$OUT/meta.txt"
 cat "$OUT/meta.txt"
 
@@ -303,40 +307,47 @@ for ((round = 1; round <= ROUNDS; round++)); do
     wrk -t1 -c16 -d"${DURATION}s" --latency -s "$WORK/post.lua" "$URL/v1/chat/completions" -- "m$round" \
       >"$OUT/logs/$t.r$round.wrk.txt" 2>&1
     ticks_after=$(cpu_ticks "$t")
+    hey -z "${DURATION}s" -c 1 -q 500 -m POST -T application/json -D "$WORK/body.json" \
+      "$URL/v1/chat/completions" >"$OUT/logs/$t.r$round.hey-even.txt" 2>&1
     hey -z "${DURATION}s" -c 10 -q 50 -m POST -T application/json -D "$WORK/body.json" \
       "$URL/v1/chat/completions" >"$OUT/logs/$t.r$round.hey.txt" 2>&1
     stop_target "$t"
     python3 - "$t" "$round" "$OUT/logs/$t.r$round.wrk.txt" "$OUT/logs/$t.r$round.hey.txt" \
-      "$ticks_before" "$ticks_after" "$(getconf CLK_TCK)" >>"$RESULTS" <<'EOF'
+      "$ticks_before" "$ticks_after" "$(getconf CLK_TCK)" "$OUT/logs/$t.r$round.hey-even.txt" >>"$RESULTS" <<'EOF'
 import json, re, sys
 name, rnd, wrk_path, hey_path = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
 ticks = (sys.argv[5], sys.argv[6])
 clk_tck = float(sys.argv[7])
-wrk, hey = open(wrk_path).read(), open(hey_path).read()
+wrk, hey, even = open(wrk_path).read(), open(hey_path).read(), open(sys.argv[8]).read()
 def ms(v, unit):
     return float(v) * {"us": 1e-3, "ms": 1.0, "s": 1e3}[unit]
 def wrk_pct(p):
     m = re.search(rf"^\s+{p}%\s+([\d.]+)(us|ms|s)\s*$", wrk, re.M)
     return ms(*m.groups()) if m else None
-def hey_pct(p):
-    m = re.search(rf"^\s+{p}% in ([\d.]+) secs", hey, re.M)
+def hey_pct(p, text=hey):
+    m = re.search(rf"^\s+{p}% in ([\d.]+) secs", text, re.M)
     return float(m.group(1)) * 1e3 if m else None
 rps = re.search(r"Requests/sec:\s+([\d.]+)", wrk)
 non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", wrk)
 errs = re.search(r"Socket errors: (.*)", wrk)
 hey_rps = re.search(r"Requests/sec:\s+([\d.]+)", hey)
+even_rps = re.search(r"Requests/sec:\s+([\d.]+)", even)
 done = re.search(r"^\s*(\d+) requests in", wrk, re.M)
 cpu_us = None
 if all(ticks) and done and int(done.group(1)) > 0:
     cpu_us = (int(ticks[1]) - int(ticks[0])) / clk_tck / int(done.group(1)) * 1e6
-codes = dict((int(c), int(n)) for c, n in re.findall(r"\[(\d+)\]\s+(\d+) responses", hey))
+codes = {}
+for c, n in re.findall(r"\[(\d+)\]\s+(\d+) responses", hey + even):
+    codes[int(c)] = codes.get(int(c), 0) + int(n)
 print(json.dumps({"target": name, "round": rnd,
     "wrk_rps": float(rps.group(1)) if rps else None,
     "wrk_p50_ms": wrk_pct(50), "wrk_p99_ms": wrk_pct(99),
     "wrk_non2xx": int(non2xx.group(1)) if non2xx else 0, "wrk_socket_errors": errs.group(1) if errs else None,
     "cpu_us_per_request": cpu_us,
     "hey_rps": float(hey_rps.group(1)) if hey_rps else None,
-    "hey_p50_ms": hey_pct(50), "hey_p99_ms": hey_pct(99), "hey_codes": codes}))
+    "hey_p50_ms": hey_pct(50), "hey_p99_ms": hey_pct(99),
+    "even_rps": float(even_rps.group(1)) if even_rps else None,
+    "even_p50_ms": hey_pct(50, even), "even_p99_ms": hey_pct(99, even), "hey_codes": codes}))
 EOF
     tail -1 "$RESULTS"
   done
@@ -353,12 +364,13 @@ def each(t, k, fmt):
     return ", ".join(fmt.format(r[k]) if r[k] is not None else "?" for r in rows if r["target"] == t)
 print("# Proxy path side by side\n")
 print(open(sys.argv[2]).read())
-print("| target | wrk req/s (each round) | wrk p50 / p99 ms (median) | hey @500/s p50 / p99 ms (median) | router CPU µs per request (each round) | non-2xx |")
-print("|---|---|---|---|---|---|")
+print("| target | wrk req/s (each round) | wrk p50 / p99 ms (median) | 500/s evenly spaced: p50 / p99 ms (req/s held) | 500/s in bursts of 10: p50 / p99 ms | router CPU µs per request (each round) | non-2xx |")
+print("|---|---|---|---|---|---|---|")
 for t in targets:
     bad = sum(r["wrk_non2xx"] + sum(n for c, n in r["hey_codes"].items() if int(c) != 200) for r in rows if r["target"] == t)
     cpu = "—" if t == "direct" else each(t, "cpu_us_per_request", "{:.1f}")
     print(f"| {t} | {each(t, 'wrk_rps', '{:,.0f}')} | {med(t, 'wrk_p50_ms'):.2f} / {med(t, 'wrk_p99_ms'):.2f} "
+          f"| {med(t, 'even_p50_ms'):.2f} / {med(t, 'even_p99_ms'):.2f} ({med(t, 'even_rps'):.0f}) "
           f"| {med(t, 'hey_p50_ms'):.2f} / {med(t, 'hey_p99_ms'):.2f} | {cpu} | {bad} |")
 def ratio(a, b, k):
     x, y = med(a, k), med(b, k)
