@@ -314,21 +314,24 @@ impl SealedRequest {
 fn probe(body: &[u8]) -> Result<Spans, ParseError> {
     // serde_json skips the values of keys kvgate does not read without checking their UTF-8,
     // so a body with invalid bytes there would pass as JSON and reach the engine. (SIMD: the
-    // whole body is checked, a few times faster than `std::str::from_utf8`.)
-    if let Err(e) = simdutf8::compat::from_utf8(body) {
-        return Err(invalid_utf8(body, e.valid_up_to()));
-    }
+    // whole body is checked, a few times faster than `std::str::from_utf8`.) The parser then
+    // reads the checked text, so it does not check the strings it reads (keys, the borrowed
+    // field values) a second time.
+    let text = match simdutf8::compat::from_utf8(body) {
+        Ok(text) => text,
+        Err(e) => return Err(invalid_utf8(body, e.valid_up_to())),
+    };
     let first = body.iter().find(|b| !b.is_ascii_whitespace());
     if first.is_some_and(|&b| b != b'{') {
         // Let the parser report syntax errors first (e.g. `]` alone); valid JSON of another
         // type is `NotAnObject`.
-        return match serde_json::from_slice::<IgnoredAny>(body) {
+        return match serde_json::from_str::<IgnoredAny>(text) {
             Ok(_) => Err(ParseError::NotAnObject),
             Err(e) => Err(invalid_json(body, &e)),
         };
     }
     let duplicate = Cell::new(None);
-    let mut de = serde_json::Deserializer::from_slice(body);
+    let mut de = serde_json::Deserializer::from_str(text);
     let raws = ProbeSeed {
         duplicate: &duplicate,
     }
