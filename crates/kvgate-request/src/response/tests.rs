@@ -28,18 +28,23 @@ fn json_model_rewrite() {
     }
 }
 
+/// `stream` through a rewriter to `alias`, `split` bytes at a time.
+fn rewrite_in_chunks(stream: &str, split: usize) -> String {
+    let mut rw = SseModelRewriter::new("alias");
+    let mut out = Vec::new();
+    for chunk in stream.as_bytes().chunks(split) {
+        out.extend_from_slice(&rw.push(chunk));
+    }
+    out.extend_from_slice(&rw.finish());
+    String::from_utf8(out).unwrap()
+}
+
 #[test]
 fn sse_rewrite_across_chunk_boundaries() {
     let stream = "data: {\"model\":\"canon\",\"x\":1}\n\n: keepalive\n\ndata: {\"model\":\"canon\"}\r\n\r\ndata: [DONE]\n\n";
     let want = stream.replace("\"canon\"", "\"alias\"");
     for split in 1..stream.len() {
-        let mut rw = SseModelRewriter::new("alias");
-        let mut out = Vec::new();
-        for chunk in stream.as_bytes().chunks(split) {
-            out.extend_from_slice(&rw.push(chunk));
-        }
-        out.extend_from_slice(&rw.finish());
-        assert_eq!(String::from_utf8(out).unwrap(), want, "chunk size {split}");
+        assert_eq!(rewrite_in_chunks(stream, split), want, "chunk size {split}");
     }
 }
 
@@ -52,13 +57,7 @@ fn sse_rewrite_of_an_anthropic_stream() {
     );
     let want = stream.replacen("\"model\":\"canon\"", "\"model\":\"alias\"", 1);
     for split in 1..stream.len() {
-        let mut rw = SseModelRewriter::new("alias");
-        let mut out = Vec::new();
-        for chunk in stream.as_bytes().chunks(split) {
-            out.extend_from_slice(&rw.push(chunk));
-        }
-        out.extend_from_slice(&rw.finish());
-        assert_eq!(String::from_utf8(out).unwrap(), want, "chunk size {split}");
+        assert_eq!(rewrite_in_chunks(stream, split), want, "chunk size {split}");
     }
 }
 
