@@ -1,26 +1,52 @@
 //! The pooled keep-alive clients every upstream request (and model discovery) goes through:
-//! one for `http://` endpoints, exactly as before TLS existed, and one for `https://`
-//! endpoints (rustls, the system's roots plus `upstream.ca_file`). A request picks its client
-//! by its URI's scheme, so a plain request does no TLS work at all.
+//! kvgate's own HTTP/1.1 pool for `http://` endpoints ([`pool`]: the common path, made as
+//! cheap per request as it can be), and hyper-util's pooled client for `https://` endpoints
+//! (rustls, the system's roots plus `upstream.ca_file`). A request picks its client by its
+//! URI's scheme, so a plain request does no TLS work at all.
+
+mod pool;
 
 use std::{error::Error, io, sync::Arc};
 
 use bytes::Bytes;
+use http::Response;
 use http_body_util::Full;
+use hyper::body::Incoming;
 use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
 use hyper_util::{
-    client::legacy::{Client, ResponseFuture, connect::HttpConnector},
+    client::legacy::{Client, connect::HttpConnector},
     rt::{TokioExecutor, TokioTimer},
 };
 use tokio_rustls::TlsConnector;
 
 use crate::config::{ConfigError, ProxyConfig};
 
+/// Why an upstream request failed before a response head.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum UpstreamError {
+    /// On a plain `http://` connection.
+    #[error(transparent)]
+    Plain(#[from] pool::PoolError),
+    /// On the `https://` client.
+    #[error(transparent)]
+    Tls(#[from] hyper_util::client::legacy::Error),
+}
+
+impl UpstreamError {
+    /// Whether no connection to the engine could be made.
+    pub(crate) fn is_connect(&self) -> bool {
+        match self {
+            UpstreamError::Plain(e) => e.is_connect(),
+            UpstreamError::Tls(e) => e.is_connect(),
+        }
+    }
+}
+
 /// The upstream clients.
 #[derive(Debug)]
 pub(crate) struct Upstreams {
     /// `http://` endpoints.
-    plain: Client<HttpConnector, Full<Bytes>>,
+    plain: pool::PlainPool,
     /// `https://` endpoints.
     tls: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
     /// The same TLS settings, for the dedicated upload connections (`forward/upload`).
@@ -37,7 +63,7 @@ impl Upstreams {
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
         connector.set_connect_timeout(Some(config.connect_timeout));
-        let plain = pooled(config).build(connector.clone());
+        let plain = pool::PlainPool::new(config.connect_timeout, config.pool_idle_timeout);
         connector.enforce_http(false);
         let https = HttpsConnectorBuilder::new()
             .with_tls_config((*tls_config).clone())
@@ -61,17 +87,23 @@ impl Upstreams {
         self.tls_config.clone()
     }
 
-    /// Sends `req` on the client for its scheme.
-    pub(crate) fn request(&self, req: http::Request<Full<Bytes>>) -> ResponseFuture {
+    /// Sends `req` (an absolute URI) on the client for its scheme.
+    ///
+    /// # Errors
+    /// No connection could be made, or it failed before the response head.
+    pub(crate) async fn request(
+        &self,
+        req: http::Request<Full<Bytes>>,
+    ) -> Result<Response<Incoming>, UpstreamError> {
         if req.uri().scheme() == Some(&http::uri::Scheme::HTTPS) {
-            self.tls.request(req)
+            Ok(self.tls.request(req).await?)
         } else {
-            self.plain.request(req)
+            Ok(self.plain.request(req).await?)
         }
     }
 }
 
-/// The pool settings both clients share.
+/// The `https://` client's pool settings.
 fn pooled(config: &ProxyConfig) -> hyper_util::client::legacy::Builder {
     let mut builder = Client::builder(TokioExecutor::new());
     builder
