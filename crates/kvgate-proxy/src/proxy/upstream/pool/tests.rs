@@ -136,28 +136,26 @@ async fn send(pool: &PlainPool, addr: SocketAddr, path: &str) -> Result<String, 
     Ok(String::from_utf8(body.to_vec()).unwrap())
 }
 
-/// Waits (yielding to the runtime, 10 s at most) until the pool holds `n` idle connections.
-async fn until_idle(pool: &PlainPool, n: usize) {
+/// Waits (yielding to the runtime, 10 s at most) until `done` holds.
+async fn until(what: &str, done: impl Fn() -> bool) {
     let wait = async {
-        while pool.idle_count() != n {
+        while !done() {
             tokio::time::sleep(Duration::from_millis(2)).await;
         }
     };
     tokio::time::timeout(Duration::from_secs(10), wait)
         .await
-        .unwrap_or_else(|_| panic!("the pool never held {n} idle connections"));
+        .unwrap_or_else(|_| panic!("never reached: {what}"));
 }
 
-/// Waits (10 s at most) until `n` connections are open.
+/// Waits until the pool holds `n` idle connections.
+async fn until_idle(pool: &PlainPool, n: usize) {
+    until(&format!("{n} idle connections"), || pool.idle_count() == n).await;
+}
+
+/// Waits until `n` connections are open.
 async fn until_open(pool: &PlainPool, n: usize) {
-    let wait = async {
-        while pool.open_count() != n {
-            tokio::time::sleep(Duration::from_millis(2)).await;
-        }
-    };
-    tokio::time::timeout(Duration::from_secs(10), wait)
-        .await
-        .unwrap_or_else(|_| panic!("the pool never had {n} open connections"));
+    until(&format!("{n} open connections"), || pool.open_count() == n).await;
 }
 
 /// The engine's next report (10 s at most).
