@@ -83,7 +83,7 @@ pub enum SpyEvent {
     PeerClosed,
 }
 
-/// A spy engine on `127.0.0.1:0`.
+/// A spy engine on a loopback port (`127.0.0.1:0` unless started with [`Spy::start_on`]).
 #[derive(Debug)]
 pub struct Spy {
     /// Where it listens.
@@ -103,7 +103,15 @@ impl Spy {
     /// # Panics
     /// If it cannot bind a loopback port.
     pub async fn start(behavior: Behavior) -> Spy {
-        Spy::launch(behavior, None).await
+        Spy::launch(behavior, None, "127.0.0.1:0").await
+    }
+
+    /// Starts a spy listening on `bind` (`[::1]:0` for an IPv6 engine).
+    ///
+    /// # Panics
+    /// If it cannot bind there.
+    pub async fn start_on(behavior: Behavior, bind: &str) -> Spy {
+        Spy::launch(behavior, None, bind).await
     }
 
     /// Starts a spy that speaks HTTP/1.1 over TLS with `tls` (its certificate must name
@@ -112,12 +120,17 @@ impl Spy {
     /// # Panics
     /// If it cannot bind a loopback port.
     pub async fn start_tls(behavior: Behavior, tls: Arc<rustls::ServerConfig>) -> Spy {
-        Spy::launch(behavior, Some(tokio_rustls::TlsAcceptor::from(tls))).await
+        Spy::launch(
+            behavior,
+            Some(tokio_rustls::TlsAcceptor::from(tls)),
+            "127.0.0.1:0",
+        )
+        .await
     }
 
     #[allow(clippy::expect_used)]
-    async fn launch(behavior: Behavior, tls: Option<tokio_rustls::TlsAcceptor>) -> Spy {
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind spy");
+    async fn launch(behavior: Behavior, tls: Option<tokio_rustls::TlsAcceptor>, bind: &str) -> Spy {
+        let listener = TcpListener::bind(bind).await.expect("bind spy");
         let addr = listener.local_addr().expect("spy addr");
         let (req_tx, requests) = mpsc::unbounded_channel();
         let (ev_tx, events) = mpsc::unbounded_channel();

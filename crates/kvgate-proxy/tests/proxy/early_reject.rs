@@ -126,3 +126,32 @@ async fn large_bodies_at_a_rejecting_engine_fail_no_other_client() {
         "the engine was ejected"
     );
 }
+
+/// Bodies small and large (the large ones take a dedicated connection) reach an engine
+/// whose URL names it by an IPv4 or a bracketed IPv6 literal, byte for byte. One condition
+/// a row: the engine's address or the body's size.
+#[tokio::test]
+async fn bodies_of_every_size_reach_ipv4_and_ipv6_engines() {
+    let rows = [
+        ("IPv4, small body", "127.0.0.1:0", 1 << 10),
+        ("IPv4, large body", "127.0.0.1:0", 300 << 10),
+        ("IPv6, small body", "[::1]:0", 1 << 10),
+        ("IPv6, large body", "[::1]:0", 300 << 10),
+    ];
+    for (name, bind, size) in rows {
+        let mut spy = Spy::start_on(Behavior::Json(OK_BODY.into()), bind).await;
+        let mut c = config(&[spy.url()]);
+        c.max_body_bytes = 1 << 20;
+        let proxy = RunningProxy::start(c).await;
+        let body = chat_body(size);
+        let (status, _, answer) = post_chat(&proxy, body.clone()).await;
+        assert_eq!(
+            (status, &answer[..]),
+            (StatusCode::OK, OK_BODY.as_bytes()),
+            "{name} ({}): {}",
+            spy.url(),
+            String::from_utf8_lossy(&answer)
+        );
+        assert_eq!(spy.next_request().await.body, body.as_bytes(), "{name}");
+    }
+}

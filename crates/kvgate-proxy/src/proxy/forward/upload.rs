@@ -173,7 +173,13 @@ pub(super) async fn send_dedicated(
 ) -> Result<Response<Incoming>, Failed> {
     let uri = req.uri().clone();
     let https = uri.scheme() == Some(&http::uri::Scheme::HTTPS);
-    let host = uri.host().unwrap_or("127.0.0.1").to_owned();
+    // A bracketed IPv6 literal connects as the address inside the brackets (and is the
+    // server name of a TLS handshake).
+    let host = uri.host().unwrap_or("127.0.0.1");
+    let host = host
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .to_owned();
     let port = uri.port_u16().unwrap_or(if https { 443 } else { 80 });
     let connect = TcpStream::connect((host.as_str(), port));
     let stream = match tokio::time::timeout(connect_timeout, connect).await {
@@ -197,12 +203,7 @@ pub(super) async fn send_dedicated(
     if !https {
         return send_on(io, req).await;
     }
-    // A bracketed IPv6 host is an IP address for the server name.
-    let name = host
-        .trim_start_matches('[')
-        .trim_end_matches(']')
-        .to_owned();
-    let name = ServerName::try_from(name)
+    let name = ServerName::try_from(host.clone())
         .map_err(|e| Failed::plain(format!("tls: server name `{host}`: {e}")))?;
     let handshake = tls.connect(name, io);
     match tokio::time::timeout(connect_timeout, handshake).await {
