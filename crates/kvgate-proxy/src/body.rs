@@ -190,12 +190,13 @@ pub struct Tracker {
     pub realized: Option<Realized>,
     /// How the body is watched for `usage`.
     pub usage: UsageWatch,
-    /// The decision log line, written when the tracker is dropped.
-    pub log: Option<LogEntry>,
+    /// The decision log line, written when the tracker is dropped. Boxed (as the span):
+    /// the tracker moves by value through the response path, and every move copies it.
+    pub log: Option<Box<LogEntry>>,
     /// Counts SSE events too large to watch (`kvgate_sse_oversize_events_total`).
     pub sse_oversize: Option<prometheus_client::metrics::counter::Counter>,
     /// The request's trace span (tracing on), ended when the tracker is dropped.
-    pub span: Option<crate::otel::RequestSpan>,
+    pub span: Option<Box<crate::otel::RequestSpan>>,
 }
 
 impl Tracker {

@@ -285,8 +285,10 @@ impl Proxy {
             );
             return Ok((facts, None, None));
         }
+        // The tokenizing futures are boxed: kilobytes of state that the request's future
+        // would otherwise carry (and copy) on every request, load-routed ones too.
         if self.config.tokenize_prefix {
-            match self.prefix_tokens(sealed, &facts).await {
+            match Box::pin(self.prefix_tokens(sealed, &facts)).await {
                 Ok(Some((session, placing, held))) => {
                     let (facts, skipped) = prefix_facts(facts, &session);
                     let stop = match (skipped > 0, held) {
@@ -313,7 +315,7 @@ impl Proxy {
                 Err(e) => tracing::debug!(error = %e, "prefix tokenization failed"),
             }
         }
-        match self.tokenizer.tokenize(sealed).await {
+        match Box::pin(self.tokenizer.tokenize(sealed)).await {
             Ok(t) => {
                 let exact = t.exact;
                 let backend = t.backend;

@@ -24,7 +24,7 @@ use super::{
     Proxy, REQUEST_ID,
     pipeline::{Pick, Routed},
     request_id::request_id,
-    respond::{json_response, upstream_headers},
+    respond::{Responded, json_response, upstream_headers},
     routes::{self, Refusal, Route},
     upstream,
 };
@@ -147,9 +147,9 @@ impl Proxy {
         let mut span = self
             .otel
             .as_ref()
-            .map(|o| o.start(&parts.headers, request_id));
+            .map(|o| Box::new(o.start(&parts.headers, request_id)));
         // Ends the span as failed with the error's status and reason.
-        let failed = |e: ProxyError, span: Option<RequestSpan>| {
+        let failed = |e: ProxyError, span: Option<Box<RequestSpan>>| {
             if let Some(mut span) = span {
                 span.failed(e.status().as_u16(), e.reason());
             }
@@ -162,8 +162,7 @@ impl Proxy {
             Err(e) => return Err((failed(e, span), guard)),
         };
         let body_read = Instant::now();
-        let routed = self.route(route, bytes, &parts.headers, request_id).await;
-        let mut routed = match routed {
+        let mut routed = match self.route(route, bytes, &parts.headers, request_id).await {
             Ok(routed) => routed,
             Err(e) => return Err((failed(e, span), guard)),
         };
@@ -200,7 +199,10 @@ impl Proxy {
             permit: routed.take_permit(),
             slot: sent.pick.slot.take(),
         };
-        let resp = self.respond(sent, routed.sealed(), guard, span).await?;
+        let resp = match self.respond(sent, routed.sealed(), guard, span) {
+            Responded::Now(resp) => resp,
+            Responded::Rewrite(whole) => whole.await?,
+        };
         if held.is_empty() {
             return Ok(resp);
         }

@@ -1,11 +1,14 @@
 //! The response path: engine response → client response, model-name restore, `usage` watch.
 
+use std::{pin::Pin, sync::Arc, time::Duration};
+
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode, header};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use kvgate_request::{SealedRequest, SseModelRewriter};
-use kvgate_schedule::SCORES_HEADER;
+use kvgate_schedule::{EndpointState, SCORES_HEADER};
+use prometheus_client::metrics::counter::Counter;
 
 use super::{PREDICTED_HEADER, Proxy, REQUEST_ID, SERVED_BY, forward::Sent, pipeline::Pick};
 use crate::{
@@ -35,13 +38,17 @@ static HOP_BY_HOP: [HeaderName; 8] = [
 impl Proxy {
     /// Turns the engine's response into the client's, restoring an aliased model name and
     /// watching for `usage` to compare predicted with realized cache hits.
-    pub(super) async fn respond(
+    ///
+    /// Not async: only a JSON answer under an alias must be read whole before its headers
+    /// go out ([`Responded::Rewrite`], boxed), and the forwarding state machine that calls
+    /// this would otherwise carry that rare case's locals in every request's state.
+    pub(super) fn respond(
         &self,
         sent: Sent,
         sealed: &SealedRequest,
         mut guard: RequestGuard,
-        mut span: Option<RequestSpan>,
-    ) -> Result<Response<ProxyBody>, (ProxyError, RequestGuard)> {
+        mut span: Option<Box<RequestSpan>>,
+    ) -> Responded {
         let Sent {
             response,
             pick:
@@ -117,53 +124,107 @@ impl Proxy {
             },
         };
         match alias {
-            Some(asked) if is_json => match collect_within(body, MAX_REWRITE_BODY).await {
-                Collected::Whole(bytes) => {
-                    tracker.finish_with(&bytes);
-                    let bytes = kvgate_request::rewrite_model_json(&bytes, &asked)
-                        .map_or(bytes, Bytes::from);
-                    parts
-                        .headers
-                        .insert(header::CONTENT_LENGTH, HeaderValue::from(bytes.len()));
-                    guard.complete();
-                    Ok(Response::from_parts(parts, full(bytes)))
+            Some(asked) if is_json => Responded::Rewrite(Box::pin(
+                WholeAnswer {
+                    body,
+                    parts,
+                    asked,
+                    ep,
+                    guard,
+                    tracker,
+                    stall,
+                    stalls,
                 }
-                Collected::TooLarge { head, rest } => {
-                    tracing::debug!(
-                        endpoint = %ep.name(),
-                        limit_bytes = MAX_REWRITE_BODY,
-                        "response too large to restore the model alias; forwarded unchanged"
-                    );
-                    let body = StreamBody::new(rest, None, guard, tracker)
-                        .with_prefix(head)
-                        .with_stall_timeout(stall, stalls);
-                    Ok(Response::from_parts(parts, body.boxed()))
-                }
-                Collected::Failed(e) => {
-                    let err = ProxyError::UpstreamBody {
-                        endpoint: ep.name().to_owned(),
-                        reason: e.to_string(),
-                    };
-                    let mut tracker = tracker;
-                    if let Some(span) = &mut tracker.span {
-                        span.broke(err.reason());
-                    }
-                    Err((err, guard))
-                }
-            },
+                .rewrite(),
+            )),
             Some(asked) if is_sse => {
                 parts.headers.remove(header::CONTENT_LENGTH);
                 let body =
                     StreamBody::new(body, Some(SseModelRewriter::new(asked)), guard, tracker)
                         .with_stall_timeout(stall, stalls);
-                Ok(Response::from_parts(parts, body.boxed()))
+                Responded::Now(Response::from_parts(parts, body.boxed()))
             }
-            _ => Ok(Response::from_parts(
+            _ => Responded::Now(Response::from_parts(
                 parts,
                 StreamBody::new(body, None, guard, tracker)
                     .with_stall_timeout(stall, stalls)
                     .boxed(),
             )),
+        }
+    }
+}
+
+/// What [`Proxy::respond`] hands back.
+pub(super) enum Responded {
+    /// The client's response, its body streamed from the engine's.
+    Now(Response<ProxyBody>),
+    /// A JSON answer whose model name is restored once it is read whole.
+    Rewrite(Pin<Box<dyn Future<Output = Rewritten> + Send>>),
+}
+
+/// The client's response after a rewrite, or why the engine's body failed.
+pub(super) type Rewritten = Result<Response<ProxyBody>, (ProxyError, RequestGuard)>;
+
+/// A JSON answer under an alias, read whole to restore the model name the client asked for.
+struct WholeAnswer {
+    body: Incoming,
+    parts: http::response::Parts,
+    /// The model name the client asked for.
+    asked: String,
+    ep: Arc<EndpointState>,
+    guard: RequestGuard,
+    tracker: Tracker,
+    stall: Duration,
+    stalls: Counter,
+}
+
+impl WholeAnswer {
+    /// Reads the answer (up to [`MAX_REWRITE_BODY`]) and puts back the name asked for; a
+    /// larger answer streams through unchanged.
+    async fn rewrite(self) -> Rewritten {
+        let WholeAnswer {
+            body,
+            mut parts,
+            asked,
+            ep,
+            mut guard,
+            tracker,
+            stall,
+            stalls,
+        } = self;
+        match collect_within(body, MAX_REWRITE_BODY).await {
+            Collected::Whole(bytes) => {
+                tracker.finish_with(&bytes);
+                let bytes =
+                    kvgate_request::rewrite_model_json(&bytes, &asked).map_or(bytes, Bytes::from);
+                parts
+                    .headers
+                    .insert(header::CONTENT_LENGTH, HeaderValue::from(bytes.len()));
+                guard.complete();
+                Ok(Response::from_parts(parts, full(bytes)))
+            }
+            Collected::TooLarge { head, rest } => {
+                tracing::debug!(
+                    endpoint = %ep.name(),
+                    limit_bytes = MAX_REWRITE_BODY,
+                    "response too large to restore the model alias; forwarded unchanged"
+                );
+                let body = StreamBody::new(rest, None, guard, tracker)
+                    .with_prefix(head)
+                    .with_stall_timeout(stall, stalls);
+                Ok(Response::from_parts(parts, body.boxed()))
+            }
+            Collected::Failed(e) => {
+                let err = ProxyError::UpstreamBody {
+                    endpoint: ep.name().to_owned(),
+                    reason: e.to_string(),
+                };
+                let mut tracker = tracker;
+                if let Some(span) = &mut tracker.span {
+                    span.broke(err.reason());
+                }
+                Err((err, guard))
+            }
         }
     }
 }

@@ -9,6 +9,7 @@ mod pool;
 use std::{error::Error, io, sync::Arc};
 
 use bytes::Bytes;
+use futures_util::{TryFutureExt, future::Either};
 use http::Response;
 use http_body_util::Full;
 use hyper::body::Incoming;
@@ -91,14 +92,16 @@ impl Upstreams {
     ///
     /// # Errors
     /// No connection could be made, or it failed before the response head.
-    pub(crate) async fn request(
+    pub(crate) fn request(
         &self,
         req: http::Request<Full<Bytes>>,
-    ) -> Result<Response<Incoming>, UpstreamError> {
+    ) -> impl Future<Output = Result<Response<Incoming>, UpstreamError>> + Send + '_ {
+        // Not an `async fn`: its state would hold the request a second time, beside the
+        // client's future that owns it.
         if req.uri().scheme() == Some(&http::uri::Scheme::HTTPS) {
-            Ok(self.tls.request(req).await?)
+            Either::Left(self.tls.request(req).err_into())
         } else {
-            Ok(self.plain.request(req).await?)
+            Either::Right(self.plain.request(req).err_into())
         }
     }
 }

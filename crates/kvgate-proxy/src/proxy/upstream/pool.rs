@@ -151,7 +151,9 @@ impl PlainPool {
         loop {
             let (mut sender, reused) = match self.checkout(&authority) {
                 Some(sender) => (sender, true),
-                None => (self.connect(&authority).await?, false),
+                // Boxed: a new connection's connect and handshake are a kilobyte and more
+                // of state that every request's future would otherwise carry.
+                None => (Box::pin(self.connect(&authority)).await?, false),
             };
             match sender.try_send_request(req).await {
                 Ok(resp) => {
