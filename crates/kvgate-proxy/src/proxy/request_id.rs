@@ -26,7 +26,9 @@ pub fn request_id(headers: &HeaderMap) -> Arc<str> {
         .map_or_else(
             || {
                 let uuid = uuid::Builder::from_random_bytes(rand::random()).into_uuid();
-                uuid.simple().to_string().into()
+                // Encoded in place: no formatter, one allocation (the `Arc`).
+                let mut hex = [0u8; uuid::fmt::Simple::LENGTH];
+                Arc::from(&*uuid.simple().encode_lower(&mut hex))
             },
             Into::into,
         )

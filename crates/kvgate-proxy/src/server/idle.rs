@@ -60,8 +60,10 @@ impl Drop for InFlightRequest {
 pub(crate) struct IdleIo<T> {
     inner: T,
     timeout: Duration,
-    /// When the connection last moved a byte or was seen with a request in flight.
+    /// When the connection last moved a byte, or was last seen with a request in flight.
     active: Instant,
+    /// A request was in flight at the last poll (its end is noted at the next one).
+    was_busy: bool,
     /// A wake-up at or before `active + timeout`.
     deadline: Pin<Box<Sleep>>,
     in_flight: InFlight,
@@ -75,6 +77,7 @@ impl<T> IdleIo<T> {
             inner,
             timeout,
             active,
+            was_busy: false,
             deadline: Box::pin(tokio::time::sleep_until(active + timeout)),
             in_flight,
             timeouts,
@@ -86,13 +89,23 @@ impl<T> IdleIo<T> {
     }
 
     /// Whether the connection has been idle too long; registers the wake-up otherwise.
+    ///
+    /// A request in flight is activity until the first poll that finds it ended, which
+    /// notes the time once; polls while it is in flight (several a request) read no clock.
     fn poll_expired(&mut self, cx: &mut Context<'_>) -> bool {
+        let busy = self.in_flight.busy();
+        if busy {
+            self.was_busy = true;
+        } else if self.was_busy {
+            self.was_busy = false;
+            self.touch();
+        }
         loop {
-            if self.in_flight.busy() {
-                self.touch();
-            }
             if self.deadline.as_mut().poll(cx).is_pending() {
                 return false;
+            }
+            if self.in_flight.busy() {
+                self.touch();
             }
             // Fired: idle unless something happened since it was set.
             let due = self.active + self.timeout;
@@ -195,9 +208,12 @@ mod tests {
         let busy = tokio::time::timeout(Duration::from_secs(20), io.read(&mut buf)).await;
         assert!(busy.is_err(), "a busy connection timed out");
         drop(request);
+        let ended = Instant::now();
         let err = io.read(&mut buf).await.unwrap_err();
         assert_eq!(err.kind(), io::ErrorKind::TimedOut);
         assert_eq!(timeouts.get(), 1);
+        // Idle from the request's end, not from the last time it was seen in flight.
+        assert_eq!(Instant::now() - ended, Duration::from_secs(5));
     }
 
     /// Bytes keep a connection open though the timer was set before them; it closes one
