@@ -37,7 +37,7 @@ pub fn full(bytes: impl Into<Bytes>) -> ProxyBody {
 /// dropped early (client gone), or right away for kvgate's own error responses.
 #[derive(Debug)]
 pub struct RequestGuard {
-    metrics: ProxyMetrics,
+    metrics: Arc<ProxyMetrics>,
     api: Api,
     start: Instant,
     request_id: Arc<str>,
@@ -48,7 +48,7 @@ pub struct RequestGuard {
 
 impl RequestGuard {
     /// Starts accounting for a request (increments in-flight).
-    pub fn new(metrics: ProxyMetrics, api: Api, request_id: Arc<str>) -> Self {
+    pub fn new(metrics: Arc<ProxyMetrics>, api: Api, request_id: Arc<str>) -> Self {
         metrics.in_flight.inc();
         Self {
             metrics,
@@ -90,10 +90,7 @@ impl RequestGuard {
         };
         self.metrics.requests.get_or_create(&labels).inc();
         self.metrics
-            .duration
-            .get_or_create(&ApiLabels {
-                api: self.api.label(),
-            })
+            .duration_of(self.api)
             .observe(elapsed.as_secs_f64());
         self.metrics.in_flight.dec();
         if !completed {
@@ -537,7 +534,7 @@ mod tests {
     #[test]
     fn the_request_id_is_quoted_in_the_log_line() {
         let lines: &'static Lines = Box::leak(Box::default());
-        let metrics = ProxyMetrics::new(&mut Registry::default());
+        let metrics = Arc::new(ProxyMetrics::new(&mut Registry::default()));
         tracing::subscriber::with_default(lines, || {
             let mut guard =
                 RequestGuard::new(metrics, Api::ChatCompletions, "abc status=500".into());

@@ -1,5 +1,8 @@
 //! Proxy metric families, registered in a `kvgate_` sub-registry passed in at construction.
 
+use std::sync::OnceLock;
+
+use kvgate_request::Api;
 use prometheus_client::{
     encoding::EncodeLabelSet,
     metrics::{counter::Counter, family::Family, gauge::Gauge, histogram::Histogram},
@@ -118,6 +121,21 @@ pub struct ProxyMetrics {
     /// `kvgate_tls_handshake_failures_total`: client connections to the TLS listener closed
     /// because their handshake failed or did not finish within `timeouts.header_read_ms`.
     pub tls_handshake_failures: Counter,
+    /// Handles every request uses, looked up in their family once (at first use, as
+    /// `get_or_create` would) instead of hashed and locked per request.
+    first_byte_by_api: [OnceLock<Histogram>; API_SLOTS],
+    duration_by_api: [OnceLock<Histogram>; API_SLOTS],
+    stream_idle: OnceLock<Counter>,
+}
+
+/// One slot per known API and one for passthrough.
+const API_SLOTS: usize = Api::KNOWN.len() + 1;
+
+fn api_slot(api: Api) -> usize {
+    Api::KNOWN
+        .iter()
+        .position(|a| *a == api)
+        .unwrap_or(Api::KNOWN.len())
 }
 
 fn latency_histogram() -> Histogram {
@@ -150,6 +168,9 @@ impl ProxyMetrics {
             body_budget_rejected: Counter::default(),
             upstream_tls_errors: Family::default(),
             tls_handshake_failures: Counter::default(),
+            first_byte_by_api: Default::default(),
+            duration_by_api: Default::default(),
+            stream_idle: OnceLock::new(),
         };
         registry.register(
             "requests",
@@ -253,6 +274,35 @@ impl ProxyMetrics {
     pub fn timed_out(&self, phase: &'static str) {
         self.timeouts.get_or_create(&PhaseLabels { phase }).inc();
     }
+
+    /// `first_byte{api}`'s histogram.
+    pub fn first_byte_of(&self, api: Api) -> &Histogram {
+        self.first_byte_by_api[api_slot(api)].get_or_init(|| {
+            self.first_byte
+                .get_or_create(&ApiLabels { api: api.label() })
+                .clone()
+        })
+    }
+
+    /// `duration{api}`'s histogram.
+    pub fn duration_of(&self, api: Api) -> &Histogram {
+        self.duration_by_api[api_slot(api)].get_or_init(|| {
+            self.duration
+                .get_or_create(&ApiLabels { api: api.label() })
+                .clone()
+        })
+    }
+
+    /// `timeouts{phase="stream_idle"}`'s counter.
+    pub fn stream_idle_timeouts(&self) -> &Counter {
+        self.stream_idle.get_or_init(|| {
+            self.timeouts
+                .get_or_create(&PhaseLabels {
+                    phase: "stream_idle",
+                })
+                .clone()
+        })
+    }
 }
 
 /// Labels of a flow-control queue wait.
@@ -335,5 +385,57 @@ impl FlowMetrics {
                 reason: reason.label(),
             })
             .inc();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use prometheus_client::encoding::text::encode;
+
+    use super::*;
+
+    /// The cached handles are the families' series: what they record is what `/metrics`
+    /// shows, under each API's own label, and a series exists only once used.
+    #[test]
+    fn cached_handles_record_into_their_families() {
+        let mut registry = Registry::default();
+        let m = ProxyMetrics::new(&mut registry);
+        m.first_byte_of(Api::ChatCompletions).observe(0.1);
+        m.first_byte_of(Api::ChatCompletions).observe(0.2);
+        m.first_byte_of(Api::Passthrough).observe(0.3);
+        m.duration_of(Api::Completions).observe(0.4);
+        m.stream_idle_timeouts().inc();
+        m.timed_out("stream_idle");
+        let mut text = String::new();
+        encode(&mut text, &registry).unwrap();
+        let rows = [
+            (
+                "request_first_byte_seconds_count{api=\"chat_completions\"} ",
+                Some("2"),
+            ),
+            (
+                "request_first_byte_seconds_count{api=\"passthrough\"} ",
+                Some("1"),
+            ),
+            (
+                "request_first_byte_seconds_count{api=\"completions\"} ",
+                None,
+            ),
+            (
+                "request_duration_seconds_count{api=\"completions\"} ",
+                Some("1"),
+            ),
+            (
+                "request_duration_seconds_count{api=\"chat_completions\"} ",
+                None,
+            ),
+            ("timeouts_total{phase=\"stream_idle\"} ", Some("2")),
+        ];
+        for (series, want) in rows {
+            let got = text
+                .lines()
+                .find_map(|l| l.split_once(series).map(|(_, v)| v));
+            assert_eq!(got, want, "{series}\n{text}");
+        }
     }
 }

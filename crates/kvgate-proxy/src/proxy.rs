@@ -81,7 +81,8 @@ pub struct Proxy {
     pub(crate) listener_tls: Option<Arc<rustls::ServerConfig>>,
     /// The in-flight request body budget.
     pub(crate) body_budget: crate::budget::BodyBudget,
-    pub(crate) metrics: ProxyMetrics,
+    /// Shared: every request's guard holds it (one reference count, not a copy of each handle).
+    pub(crate) metrics: Arc<ProxyMetrics>,
     /// Each endpoint's `/v1/models` objects, by endpoint name.
     pub(crate) model_objects: Mutex<HashMap<String, Arc<Vec<serde_json::Value>>>>,
     /// Models whose tokenizer chain is decided (and its line logged): the chain and why.
@@ -137,7 +138,7 @@ impl Proxy {
     }
 
     /// The proxy's metric families (request counts, errors, in-flight, first byte).
-    pub fn metrics(&self) -> &ProxyMetrics {
+    pub fn metrics(&self) -> &Arc<ProxyMetrics> {
         &self.metrics
     }
 

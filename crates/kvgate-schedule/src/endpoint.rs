@@ -136,6 +136,8 @@ pub struct EndpointState {
     url: String,
     scheme: http::uri::Scheme,
     authority: http::uri::Authority,
+    /// `authority` as a `Host` header value, built once.
+    host: http::HeaderValue,
     prefix: String,
     meta: ArcSwap<EndpointMeta>,
     policy: HealthPolicy,
@@ -217,11 +219,17 @@ impl EndpointState {
     pub(crate) fn new(url: &str, init: EndpointInit) -> Result<EndpointState, BadUrl> {
         let (scheme, authority, prefix) = split_url(url)?;
         let role = Role::from_label(init.labels.get(ROLE_LABEL).map(String::as_str));
+        // An authority's bytes are all valid in a header value.
+        let host = http::HeaderValue::from_str(authority.as_str()).map_err(|_| BadUrl {
+            url: url.to_owned(),
+            reason: "the host is not a valid Host header",
+        })?;
         Ok(EndpointState {
             name: authority.to_string(),
             url: url.to_owned(),
             scheme,
             authority,
+            host,
             prefix,
             meta: ArcSwap::from_pointee(EndpointMeta {
                 labels: init.labels,
@@ -281,11 +289,26 @@ impl EndpointState {
         &self.authority
     }
 
+    /// [`EndpointState::authority`] as a `Host` header value.
+    pub fn host_header(&self) -> &http::HeaderValue {
+        &self.host
+    }
+
     /// The upstream URI for a client path-and-query (the URL's path prefix is prepended).
     ///
     /// # Errors
     /// When `path_and_query` is not a valid URI path.
     pub fn uri_for(&self, path_and_query: &str) -> Result<http::Uri, http::Error> {
+        if self.prefix.is_empty()
+            && let Ok(pq) = path_and_query.parse::<http::uri::PathAndQuery>()
+        {
+            // No prefix: the client's path as it is, no string built and parsed again.
+            let mut parts = http::uri::Parts::default();
+            parts.scheme = Some(self.scheme.clone());
+            parts.authority = Some(self.authority.clone());
+            parts.path_and_query = Some(pq);
+            return Ok(http::Uri::from_parts(parts)?);
+        }
         http::Uri::builder()
             .scheme(self.scheme.clone())
             .authority(self.authority.clone())

@@ -39,7 +39,9 @@ impl Proxy {
         // `https://` render servers (the engines' own included) trust what the engines do.
         let tokenizer =
             TokenizeService::with_render_tls(&config.tokenize, registry, upstreams.tls_config())?;
-        let metrics = ProxyMetrics::new(registry.sub_registry_with_prefix("kvgate"));
+        let metrics = Arc::new(ProxyMetrics::new(
+            registry.sub_registry_with_prefix("kvgate"),
+        ));
         let flow = config.flow_control.clone().map(|fc| {
             let metrics = FlowMetrics::new(registry.sub_registry_with_prefix("kvgate"));
             FlowControl::new(fc, metrics)

@@ -32,7 +32,7 @@ use crate::{
     admission::{Held, HeldBody},
     body::{ProxyBody, RequestGuard, full},
     error::{Origin, ProxyError},
-    metrics::{ApiLabels, EndpointLabels, ErrorLabels},
+    metrics::{EndpointLabels, ErrorLabels},
     otel::{Decided, RequestSpan, TRACEPARENT},
 };
 
@@ -191,8 +191,7 @@ impl Proxy {
             });
         }
         self.metrics
-            .first_byte
-            .get_or_create(&ApiLabels { api: api.label() })
+            .first_byte_of(api)
             .observe(guard.start().elapsed().as_secs_f64());
         // Flow control's slots, held by the response body until it ends.
         let held = Held {
@@ -367,9 +366,8 @@ fn upstream_request(
     *req.method_mut() = method.clone();
     *req.uri_mut() = uri;
     *req.headers_mut() = headers;
-    if let Ok(host) = HeaderValue::from_str(ep.authority().as_str()) {
-        req.headers_mut().insert(header::HOST, host);
-    }
+    req.headers_mut()
+        .insert(header::HOST, ep.host_header().clone());
     req.headers_mut()
         .insert(header::CONTENT_LENGTH, HeaderValue::from(len));
     Ok(req)

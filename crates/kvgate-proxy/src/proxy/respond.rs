@@ -14,7 +14,6 @@ use super::{PREDICTED_HEADER, Proxy, REQUEST_ID, SERVED_BY, forward::Sent, pipel
 use crate::{
     body::{ProxyBody, Realized, RequestGuard, StreamBody, Tracker, UsageWatch, full},
     error::ProxyError,
-    metrics::PhaseLabels,
     otel::RequestSpan,
 };
 
@@ -63,13 +62,7 @@ impl Proxy {
         } = sent;
         let (mut parts, body) = response.into_parts();
         let stall = self.config.timeouts.stream_idle;
-        let stalls = self
-            .metrics
-            .timeouts
-            .get_or_create(&PhaseLabels {
-                phase: "stream_idle",
-            })
-            .clone();
+        let stalls = self.metrics.stream_idle_timeouts().clone();
         strip_hop_by_hop(&mut parts.headers);
         // kvgate frames the body itself (chunked or content-length, h1 or h2).
         parts.headers.remove(header::TRANSFER_ENCODING);

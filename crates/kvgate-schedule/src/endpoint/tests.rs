@@ -32,6 +32,14 @@ fn urls() {
         e.uri_for("/v1/models").unwrap().to_string(),
         "https://h:1/prefix/v1/models"
     );
+    // No prefix: the path and query as given.
+    let e = endpoint("http://h:1", &[]);
+    assert_eq!(
+        e.uri_for("/v1/x?q=1").unwrap().to_string(),
+        "http://h:1/v1/x?q=1"
+    );
+    assert_eq!(e.host_header(), "h:1");
+    assert!(e.uri_for("/a b").is_err());
     let cases = [
         ("ftp://h:1", "only http:// and https://"),
         ("h:1", "missing scheme"),
