@@ -6,7 +6,7 @@
 
 mod pool;
 
-use std::{error::Error, io, sync::Arc};
+use std::{error::Error, io, sync::Arc, time::Duration};
 
 use bytes::Bytes;
 use futures_util::{TryFutureExt, future::Either};
@@ -18,6 +18,7 @@ use hyper_util::{
     client::legacy::{Client, connect::HttpConnector},
     rt::{TokioExecutor, TokioTimer},
 };
+use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
 
 use crate::config::{ConfigError, ProxyConfig};
@@ -106,6 +107,50 @@ impl Upstreams {
     }
 }
 
+/// Why a TCP connect to an engine failed.
+#[derive(Debug)]
+pub(crate) enum ConnectFailure {
+    /// The connect itself failed (refused, unreachable, no such host).
+    Io(io::Error),
+    /// It did not finish within the connect timeout.
+    TimedOut(Duration),
+}
+
+/// `host` as an address to connect to or a TLS server name: a bracketed IPv6 literal
+/// (`[::1]`, as a URI spells it) without its brackets.
+pub(crate) fn bare_host(host: &str) -> &str {
+    host.strip_prefix('[')
+        .and_then(|h| h.strip_suffix(']'))
+        .unwrap_or(host)
+}
+
+/// A TCP connection to `host:port` ([`bare_host`] of it) with `TCP_NODELAY`, given up after
+/// `timeout`: what every connection to an engine starts with (the pool's, and the dedicated
+/// ones of large uploads).
+pub(crate) async fn connect_tcp(
+    host: &str,
+    port: u16,
+    timeout: Duration,
+) -> Result<TcpStream, ConnectFailure> {
+    let connect = TcpStream::connect((bare_host(host), port));
+    let stream = match tokio::time::timeout(timeout, connect).await {
+        Ok(Ok(stream)) => stream,
+        Ok(Err(e)) => return Err(ConnectFailure::Io(e)),
+        Err(_) => return Err(ConnectFailure::TimedOut(timeout)),
+    };
+    let _ = stream.set_nodelay(true);
+    Ok(stream)
+}
+
+/// `uri` in origin form, as a connection to its authority sends it: the path and query
+/// alone (`/` when it has none).
+pub(crate) fn origin_form(uri: &http::Uri) -> http::Uri {
+    uri.path_and_query().map_or_else(
+        || http::Uri::from_static("/"),
+        |pq| http::Uri::from(pq.clone()),
+    )
+}
+
 /// The `https://` client's pool settings.
 fn pooled(config: &ProxyConfig) -> hyper_util::client::legacy::Builder {
     let mut builder = Client::builder(TokioExecutor::new());
@@ -164,6 +209,41 @@ mod tests {
         ];
         for (name, e, tls) in cases {
             assert_eq!(is_tls_error(e.as_ref()), tls, "{name}");
+        }
+    }
+
+    /// One spelling a row: only a bracketed literal loses its brackets.
+    #[test]
+    fn bare_hosts() {
+        let rows = [
+            ("IPv6 literal", "[::1]", "::1"),
+            ("IPv6 literal, full", "[fd00::1:2]", "fd00::1:2"),
+            ("IPv4", "127.0.0.1", "127.0.0.1"),
+            ("name", "engine-0", "engine-0"),
+            ("opening bracket only", "[::1", "[::1"),
+            ("closing bracket only", "::1]", "::1]"),
+        ];
+        for (name, host, want) in rows {
+            assert_eq!(bare_host(host), want, "{name}");
+        }
+    }
+
+    /// The path and query stay as they are; scheme and authority go.
+    #[test]
+    fn origin_forms() {
+        let rows = [
+            (
+                "path",
+                "http://h:1/v1/chat/completions",
+                "/v1/chat/completions",
+            ),
+            ("path and query", "http://h:1/v1/x?a=1&b", "/v1/x?a=1&b"),
+            ("no path", "http://h:1", "/"),
+            ("already origin form", "/v1/models", "/v1/models"),
+        ];
+        for (name, uri, want) in rows {
+            let uri: http::Uri = uri.parse().unwrap();
+            assert_eq!(origin_form(&uri).to_string(), want, "{name}");
         }
     }
 }

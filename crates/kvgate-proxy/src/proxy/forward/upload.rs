@@ -26,11 +26,10 @@ use http::Response;
 use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
-use tokio::{
-    io::{AsyncRead, AsyncWrite, ReadBuf},
-    net::TcpStream,
-};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio_rustls::{TlsConnector, rustls::pki_types::ServerName};
+
+use crate::proxy::upstream::{ConnectFailure, bare_host, connect_tcp, origin_form};
 
 /// Bodies this large or larger are sent on a dedicated connection with [`TolerantIo`].
 pub(super) const DEDICATED_UPLOAD_BYTES: usize = 256 << 10;
@@ -173,37 +172,24 @@ pub(super) async fn send_dedicated(
 ) -> Result<Response<Incoming>, Failed> {
     let uri = req.uri().clone();
     let https = uri.scheme() == Some(&http::uri::Scheme::HTTPS);
-    // A bracketed IPv6 literal connects as the address inside the brackets (and is the
-    // server name of a TLS handshake).
     let host = uri.host().unwrap_or("127.0.0.1");
-    let host = host
-        .trim_start_matches('[')
-        .trim_end_matches(']')
-        .to_owned();
     let port = uri.port_u16().unwrap_or(if https { 443 } else { 80 });
-    let connect = TcpStream::connect((host.as_str(), port));
-    let stream = match tokio::time::timeout(connect_timeout, connect).await {
-        Ok(Ok(stream)) => stream,
-        Ok(Err(e)) => return Err(Failed::plain(format!("connect: {e}"))),
-        Err(_) => {
+    let stream = match connect_tcp(host, port, connect_timeout).await {
+        Ok(stream) => stream,
+        Err(ConnectFailure::Io(e)) => return Err(Failed::plain(format!("connect: {e}"))),
+        Err(ConnectFailure::TimedOut(t)) => {
             return Err(Failed::plain(format!(
                 "connect timed out after {} ms",
-                connect_timeout.as_millis()
+                t.as_millis()
             )));
         }
     };
-    let _ = stream.set_nodelay(true);
-    // The connection speaks origin-form: path and query only.
-    if let Some(pq) = uri.path_and_query()
-        && let Ok(origin) = http::Uri::builder().path_and_query(pq.clone()).build()
-    {
-        *req.uri_mut() = origin;
-    }
+    *req.uri_mut() = origin_form(&uri);
     let io = TolerantIo::new(stream);
     if !https {
         return send_on(io, req).await;
     }
-    let name = ServerName::try_from(host.clone())
+    let name = ServerName::try_from(bare_host(host).to_owned())
         .map_err(|e| Failed::plain(format!("tls: server name `{host}`: {e}")))?;
     let handshake = tls.connect(name, io);
     match tokio::time::timeout(connect_timeout, handshake).await {

@@ -22,14 +22,16 @@ use std::{
 };
 
 use bytes::Bytes;
-use http::{HeaderValue, Request, Response, Uri, header::HOST, uri::Authority};
+use http::{HeaderValue, Request, Response, header::HOST, uri::Authority};
 use http_body_util::Full;
 use hyper::{
     body::Incoming,
     client::conn::http1::{self, SendRequest},
 };
 use hyper_util::rt::TokioIo;
-use tokio::{net::TcpStream, time::Instant};
+use tokio::time::Instant;
+
+use super::ConnectFailure;
 
 type Sender = SendRequest<Full<Bytes>>;
 
@@ -143,11 +145,7 @@ impl PlainPool {
         {
             req.headers_mut().insert(HOST, host);
         }
-        let origin = req
-            .uri()
-            .path_and_query()
-            .map_or_else(|| Uri::from_static("/"), |pq| Uri::from(pq.clone()));
-        *req.uri_mut() = origin;
+        *req.uri_mut() = super::origin_form(req.uri());
         loop {
             let (mut sender, reused) = match self.checkout(&authority) {
                 Some(sender) => (sender, true),
@@ -187,19 +185,13 @@ impl PlainPool {
 
     /// A new connection to `authority`, its connection task spawned.
     async fn connect(&self, authority: &Authority) -> Result<Sender, PoolError> {
-        // A bracketed IPv6 literal connects as the address inside the brackets.
-        let host = authority
-            .host()
-            .trim_start_matches('[')
-            .trim_end_matches(']');
         let port = authority.port_u16().unwrap_or(80);
-        let timeout = self.inner.connect_timeout;
-        let stream = match tokio::time::timeout(timeout, TcpStream::connect((host, port))).await {
-            Ok(Ok(stream)) => stream,
-            Ok(Err(e)) => return Err(PoolError::Connect(e)),
-            Err(_) => return Err(PoolError::ConnectTimeout(timeout.as_millis())),
-        };
-        let _ = stream.set_nodelay(true);
+        let stream = super::connect_tcp(authority.host(), port, self.inner.connect_timeout)
+            .await
+            .map_err(|e| match e {
+                ConnectFailure::Io(e) => PoolError::Connect(e),
+                ConnectFailure::TimedOut(t) => PoolError::ConnectTimeout(t.as_millis()),
+            })?;
         let (sender, conn) = http1::handshake(TokioIo::new(stream))
             .await
             .map_err(PoolError::Handshake)?;
