@@ -302,7 +302,7 @@ impl EndpointState {
         if self.prefix.is_empty()
             && let Ok(pq) = path_and_query.parse::<http::uri::PathAndQuery>()
         {
-            // No prefix: the client's path as it is, no string built and parsed again.
+            // No prefix: the path as given, parsed alone; no prefixed string formatted first.
             let mut parts = http::uri::Parts::default();
             parts.scheme = Some(self.scheme.clone());
             parts.authority = Some(self.authority.clone());

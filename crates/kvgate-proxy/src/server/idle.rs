@@ -204,8 +204,9 @@ mod tests {
         );
         let request = in_flight.enter();
         let mut buf = [0u8; 8];
-        // Busy: a read waits past the timeout.
-        let busy = tokio::time::timeout(Duration::from_secs(20), io.read(&mut buf)).await;
+        // Busy: a read waits past the timeout. It ends at 12 s, between the wake-ups at 10
+        // and 15 s, so the request's end is not also a wake-up.
+        let busy = tokio::time::timeout(Duration::from_secs(12), io.read(&mut buf)).await;
         assert!(busy.is_err(), "a busy connection timed out");
         drop(request);
         let ended = Instant::now();
