@@ -26,12 +26,8 @@ use crate::outcome::{BackendError, BackendKind};
 use crate::prefix::PrefixSession;
 
 /// Largest request body whose prefix session starts on the caller's thread (its JSON parse
-/// and template render take ~0.1 ms for 26 KB; a 130 KB completions prompt's parse and
-/// first 512 tokens, cached, under 0.42 ms: the `first_pass_512_cached` bench, building the
-/// body included, on a loaded machine). Past 64 KiB, the bound before, a long prompt whose
-/// first blocks every engine holds (a Mooncake trace replay: 11k tokens and more) waited
-/// ~2 ms at the median for the pool's thread on a busy machine, against ~0.4 ms inline.
-const INLINE_MAX_BODY_BYTES: usize = 256 << 10;
+/// and template render take ~0.1 ms for 26 KB).
+const INLINE_MAX_BODY_BYTES: usize = 64 << 10;
 
 /// Most text a prefix pass on the caller's thread may encode that the segment cache does
 /// not hold (~500 tokens, 0.5–1 ms); a larger pass runs on the pool.
