@@ -37,6 +37,12 @@
 #   --restart-after SECONDS   NAME!restart routers: SIGKILL replica 0 this long after the bench
 #                             starts, then start it again (default 2; decimals allowed)
 #   --quick                   smaller workloads (smoke test)
+#   --no-warmup               skip the warm-up: by default, before a workload's first repeat,
+#                             one bench run goes straight to the engines (round robin over the
+#                             fleet, not counted; logs/WORKLOAD.warmup.bench.log). The first run
+#                             on a fresh fleet ran slower: without it, kvgate's first repeat was
+#                             its slowest TTFT p50 in all six Mooncake runs of one session, a
+#                             cost that always fell on the first router listed.
 #   --list                    print workloads and routers, then exit
 #   -h, --help
 # Environment: KVGATE_BIN (default target/release/kvgate), PEERS_VENV (default
@@ -121,6 +127,7 @@ SEL_ROUTERS=""
 REPLICAS=2
 RESTART_AFTER=2
 QUICK=0
+WARMUP=1
 LIST=0
 declare -A VARIANT_FILE=() VARIANT_MODE=() VARIANT_BIN=()
 VARIANT_NAMES=()
@@ -163,6 +170,7 @@ while (($#)); do
           VARIANT_MODE[$name]=precise; VARIANT_NAMES+=("$name") ;;
       esac ;;
     --quick) QUICK=1; shift ;;
+    --no-warmup) WARMUP=0; shift ;;
     --list) LIST=1; shift ;;
     -h|--help) usage; exit 0 ;;
     *) die "unknown option '$1' (see --help)" ;;
@@ -412,7 +420,7 @@ OUT=$(cd "$OUT" && pwd)
   fi
   echo "fleet: kvgate sim ${FLEET_FLAGS[*]} (+ per-workload sim flags)"
   echo "bench: kvgate bench --target NAME=URL --reset <each engine> <workload flags> ${BENCH_COMMON[*]}"
-  echo "repeats: $REPEATS (router order alternates), quick: $QUICK"
+  echo "repeats: $REPEATS (router order alternates), quick: $QUICK, warm-up run straight to the engines first: $WARMUP"
   case " ${ROUTER_ORDER[*]}" in *'!restart'*)
     echo "restart: NAME!restart rows SIGKILL replica 0 ${RESTART_AFTER}s after the bench starts and restart it on the same ports; their fleets keep $RESTART_BUFFER_STEPS KV event batches for replay" ;;
   esac
@@ -777,6 +785,28 @@ run_one() {
   stop_router
 }
 
+# warm_fleet WORKLOAD BENCH_FLAGS... : one bench run straight to the engines, not counted (see
+# --no-warmup); a failure is logged and the repeats go on.
+warm_fleet() {
+  local wl=$1; shift
+  local target=${SIM_URLS[0]} u bench_pid t0=$SECONDS
+  [[ -n $MULTI_SEP ]] && target=$(IFS=$MULTI_SEP; echo "${SIM_URLS[*]}")
+  local -a resets=()
+  for u in "${SIM_URLS[@]}"; do resets+=(--reset "$u"); done
+  local -a cmd=("$KVGATE" bench --target "warmup=$target" "${resets[@]}" --model "$MODEL" "$@" "${BENCH_COMMON[@]}" --out "$OUT/warmup/$wl")
+  printf '%q ' "${cmd[@]}" >>"$OUT/commands.log"; echo >>"$OUT/commands.log"
+  # In the background, so a signal reaches the trap (and stops the bench) at once.
+  "${cmd[@]}" >"$OUT/logs/$wl.warmup.bench.log" 2>&1 </dev/null &
+  bench_pid=$!
+  PIDS+=("$bench_pid")
+  if wait "$bench_pid"; then
+    log "$wl / warm-up straight to the engines ($((SECONDS - t0))s), not counted"
+  else
+    log "warning: $wl warm-up failed (logs/$wl.warmup.bench.log); the repeats go on"
+  fi
+  stop_pid "$bench_pid"
+}
+
 # ---------------------------------------------------------------- main loop
 log "output: $OUT; workloads: ${WORKLOADS[*]}; routers: ${ROUTER_ORDER[*]}; repeats: $REPEATS"
 SIM_HELP=$("$KVGATE" sim --help 2>&1 || true)
@@ -816,6 +846,7 @@ for wl in "${WORKLOADS[@]}"; do
     skip "$wl" "" "" "the sim fleet did not start (logs/sim-$wl.log)"
     continue
   fi
+  ((WARMUP)) && warm_fleet "$wl" "${BENCH_ROW[@]}"
   for ((rep = 1; rep <= REPEATS; rep++)); do
     order=("${runnable[@]}")
     if ((rep % 2 == 0)); then
