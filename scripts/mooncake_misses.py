@@ -2,7 +2,9 @@
 """Where a router's Mooncake replay lost hits: joins `kvgate bench` per-request records with
 kvgate's decision log (the bench sends `x-request-id: bench-INDEX`) and the trace itself.
 
-Usage: scripts/mooncake_misses.py TRACE RESULTS_JSON [DECISIONS_JSONL]
+Usage: scripts/mooncake_misses.py [--window START..[END]] TRACE RESULTS_JSON [DECISIONS_JSONL]
+  --window        the bench's --window (minutes): the trace requests it replayed are those
+                  whose timestamp falls in [START, END), the first N of them (default: from 0)
   TRACE           ../shared/data/mooncake/conversation_trace.jsonl
   RESULTS_JSON    a bench run's results.json (peers.sh: OUT/raw/mooncake/ROUTER/repN/results.json)
   DECISIONS_JSONL kvgate's --decision-log of that run (peers.sh: OUT/logs/mooncake.kvgate.repN.0.decisions.jsonl)
@@ -22,8 +24,10 @@ import sys
 from collections import Counter, defaultdict
 
 
-def trace_depths(path, n):
-    reqs = [json.loads(l) for l in open(path)][:n]
+def trace_depths(path, n, window=(0.0, None)):
+    start, end = window
+    reqs = [json.loads(l) for l in open(path) if l.strip()]
+    reqs = [r for r in reqs if r["timestamp"] >= start * 60e3 and (end is None or r["timestamp"] < end * 60e3)][:n]
     seen, depth, parent = {}, [], []
     for i, r in enumerate(reqs):
         h, d, p = r["hash_ids"], 0, None
@@ -39,11 +43,22 @@ def trace_depths(path, n):
     return reqs, depth, parent
 
 
+def parse_window(text):
+    start, sep, end = text.partition("..")
+    if not sep:
+        sys.exit(f"--window {text}: expected START..[END] in minutes")
+    return float(start or 0), float(end) if end else None
+
+
 def main():
+    window = (0.0, None)
+    if len(sys.argv) > 2 and sys.argv[1] == "--window":
+        window = parse_window(sys.argv[2])
+        del sys.argv[1:3]
     if len(sys.argv) < 3:
         sys.exit(__doc__)
     recs = {x["index"]: x for x in json.load(open(sys.argv[2]))["runs"][0]["records"]}
-    reqs, depth, parent = trace_depths(sys.argv[1], len(recs))
+    reqs, depth, parent = trace_depths(sys.argv[1], len(recs), window)
     ideal = [min(d * 512, max(r["input_length"] - 1, 0)) for d, r in zip(depth, reqs)]
     buckets = defaultdict(lambda: [0, 0, 0])
     for i, r in recs.items():
