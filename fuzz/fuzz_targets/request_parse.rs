@@ -3,7 +3,9 @@
 //! Input: byte 0 picks the API, byte 1 the length `n` of the replacement model name, the next
 //! `n` bytes (lossy UTF-8) are that name, the rest is the body. Checked against
 //! `serde_json::Value`: a parsed body is valid JSON, each probed span holds exactly the
-//! top-level value of its key, and the splice changes only the `model` value's bytes.
+//! top-level value of its key, and the splice changes only the `model` value's bytes. Most
+//! bodies the probe accepts take its fast scan (`kvgate-request`'s `request/scan.rs`), so
+//! this also holds that scan's grammar to serde_json's.
 #![no_main]
 
 use bytes::Bytes;

@@ -310,7 +310,8 @@ impl SealedRequest {
     }
 }
 
-/// Validates `body` as one JSON object and records the byte range of each [`Field`] value.
+/// Validates `body` as one JSON object and records the byte range of each [`Field`] value:
+/// by a fast scan when it can ([`scan`]), else by serde_json.
 fn probe(body: &[u8]) -> Result<Spans, ParseError> {
     // serde_json skips the values of keys kvgate does not read without checking their UTF-8,
     // so a body with invalid bytes there would pass as JSON and reach the engine. (SIMD: the
@@ -321,6 +322,15 @@ fn probe(body: &[u8]) -> Result<Spans, ParseError> {
         Ok(text) => text,
         Err(e) => return Err(invalid_utf8(body, e.valid_up_to())),
     };
+    match scan::spans(body) {
+        Some(spans) => Ok(spans),
+        None => probe_serde(body, text),
+    }
+}
+
+/// The probe by serde_json: the verdict on every body the fast path does not take, and the
+/// error message of every rejected one.
+fn probe_serde(body: &[u8], text: &str) -> Result<Spans, ParseError> {
     let first = body.iter().find(|b| !b.is_ascii_whitespace());
     if first.is_some_and(|&b| b != b'{') {
         // Let the parser report syntax errors first (e.g. `]` alone); valid JSON of another
@@ -418,6 +428,9 @@ impl<'de> de::Deserialize<'de> for Key {
         d.deserialize_str(KeyVisitor)
     }
 }
+
+#[path = "request/scan.rs"]
+mod scan;
 
 #[cfg(test)]
 #[path = "request/tests.rs"]
