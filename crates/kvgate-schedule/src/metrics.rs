@@ -5,7 +5,10 @@
 //! built on reload. Labels come from closed sets: decision kind, outcome reason, profile name,
 //! endpoint `host:port`.
 
+use std::collections::HashMap;
 use std::sync::Arc;
+
+use foldhash::fast::RandomState;
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -108,11 +111,15 @@ impl ScheduleMetrics {
     }
 
     pub(crate) fn decision(&self, kind: &'static str, outcome: &'static str, seconds: f64) {
+        self.decision_counter(kind, outcome).inc();
+        self.inner.duration.observe(seconds);
+    }
+
+    fn decision_counter(&self, kind: &'static str, outcome: &'static str) -> Counter {
         self.inner
             .decisions
             .get_or_create(&DecisionLabels { kind, outcome })
-            .inc();
-        self.inner.duration.observe(seconds);
+            .clone()
     }
 
     /// Decisions counted with `kind` and `outcome` (tests).
@@ -124,14 +131,15 @@ impl ScheduleMetrics {
             .map_or(0, |c| c.get())
     }
 
-    pub(crate) fn pick(&self, profile: &str, endpoint: &str) {
+    /// The `picks` counter of `profile` and `endpoint`.
+    fn pick_counter(&self, profile: &str, endpoint: &str) -> Counter {
         self.inner
             .picks
             .get_or_create(&PickLabels {
                 profile: profile.to_owned(),
                 endpoint: endpoint.to_owned(),
             })
-            .inc();
+            .clone()
     }
 
     pub(crate) fn probe(&self, endpoint: &str, outcome: &'static str) {
@@ -152,5 +160,52 @@ impl ScheduleMetrics {
                 outcome,
             })
             .inc();
+    }
+}
+
+/// The counters of successful cycles, each found in its family once: a family finds a series
+/// by its label strings (allocated, hashed, under the family's lock), where this takes a
+/// short-string lookup. The same series as the families' own, which never drop one. Kept by
+/// the holder of a scheduler's cycle lock.
+#[derive(Debug, Default)]
+pub(crate) struct CycleCounters {
+    /// `picks` by profile, then endpoint.
+    picks: HashMap<Box<str>, HashMap<Box<str>, Counter, RandomState>, RandomState>,
+    /// `decisions{outcome="picked"}` by kind.
+    picked: Vec<(&'static str, Counter)>,
+}
+
+impl CycleCounters {
+    /// Counts a pick of `endpoint` by `profile`.
+    pub(crate) fn pick(&mut self, metrics: &ScheduleMetrics, profile: &str, endpoint: &str) {
+        let by_endpoint = match self.picks.get_mut(profile) {
+            Some(map) => map,
+            None => self.picks.entry(profile.into()).or_default(),
+        };
+        match by_endpoint.get(endpoint) {
+            Some(counter) => {
+                counter.inc();
+            }
+            None => {
+                let counter = metrics.pick_counter(profile, endpoint);
+                counter.inc();
+                by_endpoint.insert(endpoint.into(), counter);
+            }
+        }
+    }
+
+    /// Counts a successful cycle of `kind` that took `seconds`.
+    pub(crate) fn picked(&mut self, metrics: &ScheduleMetrics, kind: &'static str, seconds: f64) {
+        match self.picked.iter().find(|(k, _)| *k == kind) {
+            Some((_, counter)) => {
+                counter.inc();
+            }
+            None => {
+                let counter = metrics.decision_counter(kind, "picked");
+                counter.inc();
+                self.picked.push((kind, counter));
+            }
+        }
+        metrics.inner.duration.observe(seconds);
     }
 }

@@ -19,7 +19,7 @@ use crate::decision::{Decision, Dropped, ProfileDecision, ScorerColumn};
 use crate::endpoint::EndpointState;
 use crate::error::{ScheduleError, SchedulerConfigError};
 use crate::framework::{Filter, Picker, ProfileHandler, ProfileRunSummary, ScoreOutcome, Scorer};
-use crate::metrics::ScheduleMetrics;
+use crate::metrics::{CycleCounters, ScheduleMetrics};
 
 /// What [`Scheduler::from_config`] needs besides the config.
 #[derive(Debug, Clone)]
@@ -62,8 +62,8 @@ pub struct Scheduler {
     seeds: Option<Mutex<StdRng>>,
     /// Held for a whole cycle: scoring reads the endpoints' load and the pick adds to it, so
     /// two cycles at once would both see the load from before either pick (and send two
-    /// simultaneous cold requests to the same idle engine).
-    cycle: Mutex<()>,
+    /// simultaneous cold requests to the same idle engine). It keeps the cycles' counters.
+    cycle: Mutex<CycleCounters>,
 }
 
 /// Longest chain of profile runs per request (guards against a looping handler).
@@ -105,19 +105,19 @@ impl Scheduler {
         cycle: &mut CycleState,
         candidates: &[Arc<EndpointState>],
     ) -> Result<Decision, ScheduleError> {
-        let _one_at_a_time = self.begin_cycle(cycle, Pick::Make);
+        let mut counters = self.begin_cycle(cycle, Pick::Make);
         let start = Instant::now();
         let result = self.schedule_inner(cycle, candidates, start);
-        let secs = start.elapsed().as_secs_f64();
         match &result {
             Ok(d) => {
-                self.metrics.decision(d.kind(), "picked", secs);
+                counters.picked(&self.metrics, d.kind(), d.elapsed().as_secs_f64());
                 for run in d.runs() {
-                    self.metrics.pick(&run.profile, run.picked().name());
+                    counters.pick(&self.metrics, &run.profile, run.picked().name());
                 }
                 d.log();
             }
             Err(e) => {
+                let secs = start.elapsed().as_secs_f64();
                 self.metrics.decision("none", e.reason(), secs);
                 tracing::debug!(request_id = %cycle.facts().request_id, error = %e, "scheduling failed");
             }
@@ -151,7 +151,7 @@ impl Scheduler {
     /// Holds the cycle lock for the caller and, with a configured seed, reseeds `cycle` from
     /// the seed generator: with the next seed (`Make`), or with the seed the next cycle will
     /// get, leaving it there (`Dry`).
-    fn begin_cycle(&self, cycle: &mut CycleState, mode: Pick) -> MutexGuard<'_, ()> {
+    fn begin_cycle(&self, cycle: &mut CycleState, mode: Pick) -> MutexGuard<'_, CycleCounters> {
         let guard = self.cycle.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(seeds) = &self.seeds {
             let mut seeds = seeds.lock().unwrap_or_else(PoisonError::into_inner);

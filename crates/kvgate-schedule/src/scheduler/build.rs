@@ -283,7 +283,7 @@ pub(super) fn from_config(
             handler_type,
             metrics: handles.metrics.clone(),
             seeds: seed.map(|s| Mutex::new(StdRng::seed_from_u64(s))),
-            cycle: Mutex::new(()),
+            cycle: Mutex::default(),
         }),
         _ => {
             issues.sort_by_key(|i| (i.line, i.column));

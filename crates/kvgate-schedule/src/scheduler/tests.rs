@@ -483,3 +483,51 @@ fn a_seeded_dry_pick_foretells_the_next_pick() {
         "random picks: {picks:?}"
     );
 }
+
+/// The counters a scheduler keeps are the families' own series: two schedulers on one set of
+/// families (a reload) count into the same `picks` and `decisions` series, by profile and
+/// endpoint.
+#[test]
+fn kept_counters_count_into_the_families() {
+    let mut registry = prometheus_client::registry::Registry::default();
+    let h = SchedulerHandles {
+        metrics: ScheduleMetrics::new(&mut registry),
+        ..handles(false)
+    };
+    let first = Scheduler::from_config(&SchedulerConfig::default(), &h).unwrap();
+    let reloaded = Scheduler::from_config(&SchedulerConfig::default(), &h).unwrap();
+    let mut picked = std::collections::HashMap::<String, u64>::new();
+    for (i, s) in [&first, &first, &reloaded, &first, &reloaded]
+        .into_iter()
+        .enumerate()
+    {
+        let eps = [ep("a:1"), ep("b:1"), ep("c:1")];
+        let only = &eps[i % 2..i % 2 + 2];
+        let d = schedule(s, only, facts()).unwrap();
+        *picked.entry(d.endpoint().name().to_owned()).or_default() += 1;
+    }
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+    let value = |prefix: &str| -> u64 {
+        text.lines()
+            .find(|l| l.starts_with(prefix))
+            .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+            .unwrap_or(0)
+    };
+    assert!(
+        picked.len() > 1,
+        "picks went to more than one endpoint: {picked:?}"
+    );
+    for (endpoint, n) in &picked {
+        let series =
+            format!("kvgate_schedule_picks_total{{profile=\"default\",endpoint=\"{endpoint}\"}}");
+        assert_eq!(value(&series), *n, "{series}\n{text}");
+    }
+    let decisions = "kvgate_schedule_decisions_total{kind=\"single\",outcome=\"picked\"}";
+    assert_eq!(value(decisions), 5, "{text}");
+    assert_eq!(
+        value("kvgate_schedule_decision_duration_seconds_count"),
+        5,
+        "{text}"
+    );
+}
