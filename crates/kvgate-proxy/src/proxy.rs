@@ -29,6 +29,7 @@ use std::{
 };
 
 use arc_swap::ArcSwap;
+use http::HeaderName;
 use kvgate_schedule::{EndpointRegistry, EndpointState, Scheduler, SchedulerHandles};
 use kvgate_tokenize::TokenizeService;
 use tokio_util::sync::CancellationToken;
@@ -63,6 +64,12 @@ pub const SERVED_BY: &str = "x-kvgate-endpoint";
 
 /// With `--scores-header`: the cached prompt tokens the scheduler predicted for the pick.
 pub const PREDICTED_HEADER: &str = "x-kvgate-predicted-tokens";
+
+/// [`REQUEST_ID`] as a header name, for the request path: a map finds a `HeaderName` by
+/// its hash, where a `&str` name is parsed and checked first on every lookup.
+pub(crate) const REQUEST_ID_NAME: HeaderName = HeaderName::from_static(REQUEST_ID);
+/// [`SERVED_BY`] as a header name (see [`REQUEST_ID_NAME`]).
+pub(crate) const SERVED_BY_NAME: HeaderName = HeaderName::from_static(SERVED_BY);
 
 /// The proxy: endpoint registry, scheduler, tokenizer, upstream client and metrics. Shared by
 /// every connection.

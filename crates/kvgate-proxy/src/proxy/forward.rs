@@ -21,7 +21,7 @@ use kvgate_tokenize::BackendKind;
 use tracing::Instrument;
 
 use super::{
-    Proxy, REQUEST_ID,
+    Proxy, REQUEST_ID_NAME as REQUEST_ID,
     pipeline::{Pick, Routed},
     request_id::request_id,
     respond::{Responded, json_response, upstream_headers},

@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use http::HeaderMap;
 
-use super::REQUEST_ID;
+use super::REQUEST_ID_NAME as REQUEST_ID;
 
 /// Longest client-sent request id kept; a longer one is replaced.
 const MAX_CLIENT_ID: usize = 128;

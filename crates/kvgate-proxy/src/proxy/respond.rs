@@ -10,7 +10,10 @@ use kvgate_request::{SealedRequest, SseModelRewriter};
 use kvgate_schedule::{EndpointState, SCORES_HEADER};
 use prometheus_client::metrics::counter::Counter;
 
-use super::{PREDICTED_HEADER, Proxy, REQUEST_ID, SERVED_BY, forward::Sent, pipeline::Pick};
+use super::{
+    PREDICTED_HEADER, Proxy, REQUEST_ID_NAME as REQUEST_ID, SERVED_BY_NAME as SERVED_BY,
+    forward::Sent, pipeline::Pick,
+};
 use crate::{
     body::{ProxyBody, Realized, RequestGuard, StreamBody, Tracker, UsageWatch, full},
     error::ProxyError,
