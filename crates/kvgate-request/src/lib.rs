@@ -23,6 +23,9 @@ pub mod response;
 pub mod sse;
 mod top_level;
 
+#[cfg(test)]
+mod test_rng;
+
 pub use self::{
     api::Api,
     error::{ErrorBody, ParseError},

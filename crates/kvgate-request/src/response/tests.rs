@@ -1,4 +1,5 @@
 use super::*;
+use crate::test_rng::Lcg;
 
 #[test]
 fn json_model_rewrite() {
@@ -313,19 +314,6 @@ fn sse_usage_observer_reads_an_anthropic_stream() {
             }
             assert_eq!(obs.usage(), Some(want), "{name}, chunk size {split}");
         }
-    }
-}
-
-/// A small deterministic generator for the random objects below.
-struct Lcg(u64);
-
-impl Lcg {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 = self
-            .0
-            .wrapping_mul(6_364_136_223_846_793_005)
-            .wrapping_add(1_442_695_040_888_963_407);
-        (self.0 >> 33) % n
     }
 }
 

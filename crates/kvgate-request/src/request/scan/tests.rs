@@ -1,5 +1,6 @@
 use super::spans;
 use crate::request::{Field, Spans, probe_serde};
+use crate::test_rng::Lcg;
 
 /// serde_json's verdict on `text`: the spans it gives, or `None` for an error.
 fn by_serde(text: &str) -> Option<Spans> {
@@ -90,22 +91,6 @@ fn spans_are_the_values_bytes() {
     assert_eq!(at(Field::Messages), Some("[ 1 ]"));
     assert_eq!(at(Field::Stream), Some("false"));
     assert_eq!(at(Field::Tools), None);
-}
-
-struct Lcg(u64);
-
-impl Lcg {
-    fn below(&mut self, n: usize) -> usize {
-        self.0 = self
-            .0
-            .wrapping_mul(6_364_136_223_846_793_005)
-            .wrapping_add(1_442_695_040_888_963_407);
-        ((self.0 >> 33) % n as u64) as usize
-    }
-
-    fn pick<'a>(&mut self, from: &[&'a str]) -> &'a str {
-        from[self.below(from.len())]
-    }
 }
 
 const WS: [&str; 5] = ["", " ", "\n  ", "\t", "\r\n"];
@@ -200,8 +185,8 @@ fn object(rng: &mut Lcg, depth: usize, out: &mut String, keys: &[&str]) {
 fn mutate(rng: &mut Lcg, text: &str) -> Option<String> {
     const BYTES: &[u8] = b"{}[],:\"\\ 0123456789eE.+-tfnul\x01\x0c\n\x1f";
     let mut bytes = text.as_bytes().to_vec();
-    let at = rng.below(bytes.len().max(1));
-    let byte = BYTES[rng.below(BYTES.len())];
+    let at = rng.below(bytes.len().max(1) as u64) as usize;
+    let byte = BYTES[rng.below(BYTES.len() as u64) as usize];
     match rng.below(4) {
         0 if !bytes.is_empty() => {
             bytes.remove(at);
