@@ -15,6 +15,8 @@
 //! grammar (serde_json's whitespace, number forms, escapes; strings it skips need no
 //! surrogate pairing, and neither do these).
 
+use std::ops::Range;
+
 use memchr::memchr2;
 
 use super::{Field, Spans};
@@ -33,33 +35,18 @@ pub(super) fn spans(body: &[u8]) -> Option<Spans> {
     let mut spans = Spans::default();
     scan.ws();
     scan.eat(b'{')?;
-    scan.ws();
-    if !scan.eat_if(b'}') {
-        loop {
-            scan.eat(b'"')?;
-            let key_start = scan.i;
-            let key_end = scan.string(true)?;
-            scan.ws();
-            scan.eat(b':')?;
-            scan.ws();
-            let start = scan.i;
-            scan.value(1)?;
-            let key = &body[key_start..key_end];
-            if let Some(field) = Field::ALL.into_iter().find(|f| f.key().as_bytes() == key) {
-                let slot = &mut spans[field.slot()];
-                if slot.is_some() {
-                    return None;
-                }
-                *slot = Some(start..scan.i);
+    scan.items(b'}', |scan| {
+        let (key, value) = scan.member(1)?;
+        let key = &body[key];
+        if let Some(field) = Field::ALL.into_iter().find(|f| f.key().as_bytes() == key) {
+            let slot = &mut spans[field.slot()];
+            if slot.is_some() {
+                return None;
             }
-            scan.ws();
-            match scan.next()? {
-                b',' => scan.ws(),
-                b'}' => break,
-                _ => return None,
-            }
+            *slot = Some(value);
         }
-    }
+        Some(())
+    })?;
     scan.ws();
     (scan.i == body.len()).then_some(spans)
 }
@@ -127,41 +114,43 @@ impl Scan<'_> {
 
     /// The rest of an object after its `{`.
     fn object(&mut self, depth: usize) -> Option<()> {
+        self.items(b'}', |s| s.member(depth).map(drop))
+    }
+
+    /// The rest of an array after its `[`.
+    fn array(&mut self, depth: usize) -> Option<()> {
+        self.items(b']', |s| s.value(depth))
+    }
+
+    /// The rest of a container after its opening bracket: `item` for each element, the
+    /// elements separated by commas, up to `close`.
+    fn items(&mut self, close: u8, mut item: impl FnMut(&mut Self) -> Option<()>) -> Option<()> {
         self.ws();
-        if self.eat_if(b'}') {
+        if self.eat_if(close) {
             return Some(());
         }
         loop {
-            self.eat(b'"')?;
-            self.string(true)?;
-            self.ws();
-            self.eat(b':')?;
-            self.ws();
-            self.value(depth)?;
+            item(self)?;
             self.ws();
             match self.next()? {
                 b',' => self.ws(),
-                b'}' => return Some(()),
+                b if b == close => return Some(()),
                 _ => return None,
             }
         }
     }
 
-    /// The rest of an array after its `[`.
-    fn array(&mut self, depth: usize) -> Option<()> {
+    /// One member of an object at nesting `depth`: where its key's text and its value lie.
+    fn member(&mut self, depth: usize) -> Option<(Range<usize>, Range<usize>)> {
+        self.eat(b'"')?;
+        let key_start = self.i;
+        let key_end = self.string(true)?;
         self.ws();
-        if self.eat_if(b']') {
-            return Some(());
-        }
-        loop {
-            self.value(depth)?;
-            self.ws();
-            match self.next()? {
-                b',' => self.ws(),
-                b']' => return Some(()),
-                _ => return None,
-            }
-        }
+        self.eat(b':')?;
+        self.ws();
+        let start = self.i;
+        self.value(depth)?;
+        Some((key_start..key_end, start..self.i))
     }
 
     fn rest_of(&mut self, word: &[u8]) -> Option<()> {
