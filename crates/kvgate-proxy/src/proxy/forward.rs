@@ -21,7 +21,7 @@ use kvgate_tokenize::BackendKind;
 use tracing::Instrument;
 
 use super::{
-    Proxy, REQUEST_ID_NAME as REQUEST_ID,
+    Proxy, REQUEST_ID_NAME,
     pipeline::{Pick, Routed},
     request_id::request_id,
     respond::{Responded, json_response, upstream_headers},
@@ -69,7 +69,7 @@ impl Proxy {
             route => self.serve(req, route, &request_id).await,
         };
         if let Ok(v) = HeaderValue::from_str(&request_id) {
-            resp.headers_mut().insert(REQUEST_ID, v);
+            resp.headers_mut().insert(REQUEST_ID_NAME, v);
         }
         resp
     }

@@ -1,5 +1,5 @@
 //! The id a request carries through logs, the decision log and the engine: the client's
-//! [`REQUEST_ID`] header when it is usable, else a fresh UUIDv4 as 32 lowercase hex digits.
+//! [`super::REQUEST_ID`] header when it is usable, else a fresh UUIDv4 as 32 lowercase hex digits.
 //! Its random bits come from the thread's ChaCha generator (`rand::rng`, seeded from the OS),
 //! not a `getrandom` system call per request.
 //!
@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use http::HeaderMap;
 
-use super::REQUEST_ID_NAME as REQUEST_ID;
+use super::REQUEST_ID_NAME;
 
 /// Longest client-sent request id kept; a longer one is replaced.
 const MAX_CLIENT_ID: usize = 128;
@@ -20,7 +20,7 @@ const MAX_CLIENT_ID: usize = 128;
 /// other than `"` and `\` (no space), else a generated one.
 pub fn request_id(headers: &HeaderMap) -> Arc<str> {
     headers
-        .get(REQUEST_ID)
+        .get(REQUEST_ID_NAME)
         .and_then(|v| v.to_str().ok())
         .filter(|v| !v.is_empty() && v.len() <= MAX_CLIENT_ID && v.bytes().all(log_safe))
         .map_or_else(
@@ -97,7 +97,7 @@ mod tests {
         for (name, value, want) in cases {
             let mut headers = HeaderMap::new();
             if let Some(v) = value {
-                headers.insert(REQUEST_ID, v);
+                headers.insert(REQUEST_ID_NAME, v);
             }
             let got = request_id(&headers);
             match want {

@@ -11,8 +11,7 @@ use kvgate_schedule::{EndpointState, SCORES_HEADER};
 use prometheus_client::metrics::counter::Counter;
 
 use super::{
-    PREDICTED_HEADER, Proxy, REQUEST_ID_NAME as REQUEST_ID, SERVED_BY_NAME as SERVED_BY,
-    forward::Sent, pipeline::Pick,
+    PREDICTED_HEADER, Proxy, REQUEST_ID_NAME, SERVED_BY_NAME, forward::Sent, pipeline::Pick,
 };
 use crate::{
     body::{ProxyBody, Realized, RequestGuard, StreamBody, Tracker, UsageWatch, full},
@@ -70,11 +69,11 @@ impl Proxy {
         // kvgate frames the body itself (chunked or content-length, h1 or h2).
         parts.headers.remove(header::TRANSFER_ENCODING);
         // An engine's own copy never reaches the client; kvgate's only with the flag.
-        parts.headers.remove(SERVED_BY);
+        parts.headers.remove(SERVED_BY_NAME);
         if self.config.expose_internals
             && let Ok(v) = HeaderValue::from_str(ep.name())
         {
-            parts.headers.insert(SERVED_BY, v);
+            parts.headers.insert(SERVED_BY_NAME, v);
         }
         if let Some(v) = scores.and_then(|s| HeaderValue::from_str(&s).ok()) {
             parts.headers.insert(SCORES_HEADER, v);
@@ -318,7 +317,7 @@ pub(super) fn upstream_headers(client: &HeaderMap, request_id: &str) -> HeaderMa
         }
     }
     if let Ok(v) = HeaderValue::from_str(request_id) {
-        headers.insert(REQUEST_ID, v);
+        headers.insert(REQUEST_ID_NAME, v);
     }
     headers
 }
@@ -461,7 +460,7 @@ mod tests {
             assert_eq!(got["content-type"], "application/json", "{row}");
             let accept: Vec<_> = got.get_all("accept").iter().collect();
             assert_eq!(accept, ["a", "b"], "{row}");
-            let ids: Vec<_> = got.get_all(REQUEST_ID).iter().collect();
+            let ids: Vec<_> = got.get_all(REQUEST_ID_NAME).iter().collect();
             assert_eq!(ids, ["rid"], "{row}");
         }
     }
