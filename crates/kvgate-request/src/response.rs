@@ -221,7 +221,7 @@ pub struct Usage {
 }
 
 /// The wire shape of [`Usage`].
-#[derive(Deserialize)]
+#[derive(Deserialize, Default)]
 struct RawUsage {
     #[serde(default)]
     prompt_tokens: Option<u64>,
@@ -244,7 +244,7 @@ struct RawUsage {
     input_tokens_details: Option<RawDetails>,
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, Default)]
 struct RawDetails {
     #[serde(default)]
     cached_tokens: Option<u64>,
@@ -292,12 +292,16 @@ impl Usage {
 /// `usage` object.
 ///
 /// A top-level `usage` object is found by a scan and parsed alone, where a full parse would
-/// walk the whole body (its `choices`, the generated text) to skip it. Anything else (no such
+/// walk the whole body (its `choices`, the generated text) to skip it; an object of counts is
+/// read by a quick reader (`quick`), any other by serde. Anything else (no such
 /// key, `null`, an escaped spelling, a `message_start`) takes the full parse. The two agree
 /// on every valid object without repeated keys; on a body that is broken after its `usage`,
 /// the scan still reads it.
 pub fn usage_from_json(json: &[u8]) -> Option<Usage> {
     if let Some(start) = crate::top_level::value_start(json, b"usage") {
+        if let Some(raw) = quick::raw_usage(&json[start..]) {
+            return Some(raw.into());
+        }
         let mut de = serde_json::Deserializer::from_slice(&json[start..]);
         if let Ok(Some(usage)) = Option::<Usage>::deserialize(&mut de) {
             return Some(usage);
@@ -328,6 +332,9 @@ fn usage_by_parse(json: &[u8]) -> Option<Usage> {
             .usage
     })
 }
+
+#[path = "response/quick.rs"]
+mod quick;
 
 #[cfg(test)]
 #[path = "response/tests.rs"]

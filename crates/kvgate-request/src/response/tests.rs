@@ -378,3 +378,86 @@ fn the_scan_agrees_with_a_full_parse() {
     // The generator reaches the case that matters.
     assert!(found > 100, "{found} objects with a usage");
 }
+
+/// A random `usage`-like object as text: known and unknown keys (some repeated), counts,
+/// `null`, negative, fractional, huge and leading-zero numbers, strings, arrays and details
+/// objects, with random whitespace.
+fn random_usage_text(rng: &mut Lcg) -> String {
+    const KEYS: [&str; 11] = [
+        "prompt_tokens",
+        "completion_tokens",
+        "total_tokens",
+        "prompt_tokens_details",
+        "input_tokens",
+        "output_tokens",
+        "cache_read_input_tokens",
+        "cache_creation_input_tokens",
+        "input_tokens_details",
+        "completion_tokens_details",
+        "pr\\u006fmpt_tokens",
+    ];
+    const WS: [&str; 4] = ["", " ", "\n  ", "\t"];
+    let ws = |rng: &mut Lcg| WS[rng.below(WS.len() as u64) as usize];
+    let count = |rng: &mut Lcg| -> String {
+        match rng.below(12) {
+            0 => "null".into(),
+            1 => "-3".into(),
+            2 => "1.5".into(),
+            3 => "2e3".into(),
+            4 => "007".into(),
+            5 => "18446744073709551616".into(),
+            6 => "18446744073709551615".into(),
+            7 => "\"9\"".into(),
+            8 => "nul".into(),
+            9 => "0".into(),
+            _ => rng.below(100_000).to_string(),
+        }
+    };
+    let mut members = Vec::new();
+    for _ in 0..rng.below(7) {
+        let key = KEYS[rng.below(KEYS.len() as u64) as usize];
+        let value = if key.ends_with("_details") && rng.below(4) != 0 {
+            let inner: Vec<String> = (0..rng.below(3))
+                .map(|_| {
+                    let k = ["cached_tokens", "audio_tokens"][rng.below(2) as usize];
+                    format!("\"{k}\":{}{}", ws(rng), count(rng))
+                })
+                .collect();
+            format!("{{{}}}", inner.join(","))
+        } else if rng.below(20) == 0 {
+            "[1]".into()
+        } else {
+            count(rng)
+        };
+        members.push(format!(
+            "{}\"{key}\"{}:{}{value}{}",
+            ws(rng),
+            ws(rng),
+            ws(rng),
+            ws(rng)
+        ));
+    }
+    format!("{{{}}}", members.join(","))
+}
+
+/// Where the quick reader answers, serde gives the same `usage`; and it answers for most of
+/// the objects serde reads (the generator reaches both).
+#[test]
+fn the_quick_reader_agrees_with_serde() {
+    let mut rng = Lcg(11);
+    let (mut quick_read, mut serde_read) = (0, 0);
+    for _ in 0..20_000 {
+        let text = random_usage_text(&mut rng);
+        let by_serde = serde_json::from_str::<Usage>(&text).ok();
+        serde_read += usize::from(by_serde.is_some());
+        if let Some(raw) = super::quick::raw_usage(text.as_bytes()) {
+            quick_read += 1;
+            assert_eq!(Some(Usage::from(raw)), by_serde, "{text}");
+        }
+    }
+    assert!(quick_read > 2_000, "quick reader read {quick_read}");
+    assert!(
+        serde_read > quick_read,
+        "serde {serde_read}, quick {quick_read}"
+    );
+}
