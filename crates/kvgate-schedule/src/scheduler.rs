@@ -12,6 +12,7 @@ use std::time::Instant;
 use kvgate_kvcache::KvIndex;
 use rand::Rng;
 use rand::rngs::StdRng;
+use smallvec::SmallVec;
 
 use crate::config::SchedulerConfig;
 use crate::cycle::CycleState;
@@ -68,6 +69,9 @@ pub struct Scheduler {
 
 /// Longest chain of profile runs per request (guards against a looping handler).
 const MAX_RUNS: usize = 8;
+
+/// Candidates a profile run's scratch holds without a heap allocation.
+const INLINE: usize = 16;
 
 impl Scheduler {
     /// Builds a scheduler. An empty config gets the default profile (see
@@ -174,7 +178,7 @@ impl Scheduler {
         if candidates.is_empty() {
             return Err(ScheduleError::NoCandidates);
         }
-        let mut summaries: Vec<ProfileRunSummary> = Vec::new();
+        let mut summaries: SmallVec<[ProfileRunSummary; 2]> = SmallVec::new();
         let mut runs: Vec<Result<ProfileDecision, ScheduleError>> = Vec::new();
         while summaries.len() < MAX_RUNS {
             let Some(p) = self.handler.next_profile(cycle, &summaries) else {
@@ -247,7 +251,7 @@ impl Scheduler {
 /// The profile runs of one cycle, each with its summary for the handler.
 type ProfileRuns = (
     Vec<Result<ProfileDecision, ScheduleError>>,
-    Vec<ProfileRunSummary>,
+    SmallVec<[ProfileRunSummary; 2]>,
 );
 
 /// Whether a profile run makes its pick (scorers' `after_pick`) or only finds it.
@@ -265,11 +269,14 @@ fn run_profile(
     mode: Pick,
 ) -> Result<ProfileDecision, ScheduleError> {
     cycle.begin_run();
-    let mut alive: Vec<&Arc<EndpointState>> = candidates.iter().collect();
+    // The candidates still in, owned: after the filters they are the decision's candidates.
+    let mut alive: Vec<Arc<EndpointState>> = candidates.to_vec();
     let mut dropped = Vec::new();
-    let mut keep = Vec::with_capacity(alive.len());
+    // Scratch on the stack for fleets of up to `INLINE` endpoints.
+    let mut keep: SmallVec<[bool; INLINE]> = SmallVec::new();
+    // What filters and scorers see; built again only after a filter removes someone.
+    let mut view: SmallVec<[&EndpointState; INLINE]> = candidates.iter().map(|e| &**e).collect();
     for (fname, filter) in &profile.filters {
-        let view: Vec<&EndpointState> = alive.iter().map(|e| &***e).collect();
         keep.clear();
         keep.resize(view.len(), true);
         filter.filter(cycle, &view, &mut keep);
@@ -294,27 +301,34 @@ fn run_profile(
                 filter: fname.clone(),
             });
         }
+        view = view
+            .iter()
+            .zip(&keep)
+            .filter_map(|(e, k)| k.then_some(*e))
+            .collect();
     }
-    let view: Vec<&EndpointState> = alive.iter().map(|e| &***e).collect();
     let n = view.len();
     let loads = view.iter().map(|e| e.load()).collect();
-    let mut raw = vec![0.0; n * profile.scorers.len()];
+    let columns = profile.scorers.len();
+    // One buffer: the raw scores, then one scorer's column of scratch (cut off after).
+    let mut raw = vec![0.0; n * (columns + 1)];
     let mut totals = vec![0.0; n];
     let mut skipped = Vec::new();
-    let mut scratch = vec![0.0; n];
     for (j, ws) in profile.scorers.iter().enumerate() {
+        let (scores, scratch) = raw.split_at_mut(n * columns);
         scratch.fill(0.0);
-        match ws.scorer.score(cycle, &view, &mut scratch) {
+        match ws.scorer.score(cycle, &view, scratch) {
             ScoreOutcome::Scored => {
                 for (i, s) in scratch.iter().enumerate() {
                     let s = if s.is_nan() { 0.0 } else { s.clamp(0.0, 1.0) };
-                    raw[i * profile.scorers.len() + j] = s;
+                    scores[i * columns + j] = s;
                     totals[i] += s * ws.weight;
                 }
             }
             ScoreOutcome::Skipped(reason) => skipped.push((ws.name.clone(), reason)),
         }
     }
+    raw.truncate(n * columns);
     let (pname, picker) = &profile.picker;
     let Some(pick) = picker.pick(cycle, &totals).filter(|i| *i < n) else {
         return Err(ScheduleError::NoPick {
@@ -334,7 +348,7 @@ fn run_profile(
     Ok(ProfileDecision {
         profile: profile.name.clone(),
         picked_index: pick,
-        candidates: alive.into_iter().cloned().collect(),
+        candidates: alive,
         scorers: Arc::clone(&profile.columns),
         raw,
         totals,

@@ -127,6 +127,8 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use smallvec::SmallVec;
+
 use crate::cycle::{CycleState, TieKey};
 use crate::endpoint::EndpointState;
 use crate::error::SchedulerConfigError;
@@ -134,6 +136,9 @@ use crate::framework::{ScoreOutcome, Scorer};
 use crate::load::LoadSnapshot;
 use crate::plugins::{Registration, build};
 use kvgate_kvcache::KvIndex;
+
+/// Candidates a cycle's per-candidate scratch holds without a heap allocation.
+const INLINE: usize = 8;
 
 /// Parameters of `prefill-cost-scorer`.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -325,9 +330,10 @@ impl Scorer for PrefillCostScorer {
         let prompt = cycle.facts().prompt_tokens;
         let prefix = cycle.prefix_match();
         let mut ties: Vec<TieKey> = Vec::with_capacity(candidates.len());
-        let mut tiers: Vec<Tier> = Vec::with_capacity(candidates.len());
-        let mut spare: Vec<bool> = Vec::with_capacity(candidates.len());
-        let loads: Vec<LoadSnapshot> = candidates.iter().map(|e| e.load()).collect();
+        // On the stack for fleets of up to `INLINE` candidates: no allocation a cycle.
+        let mut tiers: SmallVec<[Tier; INLINE]> = SmallVec::with_capacity(candidates.len());
+        let mut spare: SmallVec<[bool; INLINE]> = SmallVec::with_capacity(candidates.len());
+        let loads: SmallVec<[LoadSnapshot; INLINE]> = candidates.iter().map(|e| e.load()).collect();
         let in_flight: u64 = loads.iter().map(|l| l.requests).sum();
         let share = demand_share(
             self.peak.observe(now, in_flight),
@@ -335,7 +341,8 @@ impl Scorer for PrefillCostScorer {
             self.config.demand_floor,
             self.config.demand_slack,
         );
-        for ((s, e), load) in scores.iter_mut().zip(candidates).zip(loads) {
+        for ((s, e), load) in scores.iter_mut().zip(candidates).zip(&loads) {
+            let load = *load;
             let (waiting, running) = e.with_metrics(now, |m| {
                 m.fresh().map_or((None, None), |m| (m.waiting, m.running))
             });
