@@ -1,6 +1,6 @@
 //! [`Request`] (editable only by a model splice) and [`SealedRequest`] (immutable).
 
-use std::{cell::Cell, fmt, ops::Range};
+use std::{cell::Cell, fmt, ops::Range, sync::Arc};
 
 use bytes::Bytes;
 use serde::de::{self, DeserializeSeed, IgnoredAny, MapAccess, Visitor};
@@ -188,10 +188,10 @@ impl Request {
     }
 
     /// Freezes the request. After this, the bytes never change.
-    pub fn seal(self, request_id: String) -> SealedRequest {
+    pub fn seal(self, request_id: impl Into<Arc<str>>) -> SealedRequest {
         SealedRequest {
             inner: self,
-            request_id,
+            request_id: request_id.into(),
         }
     }
 
@@ -235,7 +235,7 @@ impl Request {
 #[derive(Clone, PartialEq, Eq)]
 pub struct SealedRequest {
     inner: Request,
-    request_id: String,
+    request_id: Arc<str>,
 }
 
 impl fmt::Debug for SealedRequest {
@@ -260,6 +260,11 @@ impl SealedRequest {
 
     /// The request id (from `x-request-id`, or generated).
     pub fn request_id(&self) -> &str {
+        &self.request_id
+    }
+
+    /// The request id, shared: a clone is a reference count, not a copy.
+    pub fn request_id_shared(&self) -> &Arc<str> {
         &self.request_id
     }
 

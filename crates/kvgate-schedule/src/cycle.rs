@@ -54,7 +54,7 @@ impl RequestFacts {
     /// methods.
     pub fn from_request(request: &SealedRequest, headers: &http::HeaderMap) -> RequestFacts {
         RequestFacts {
-            request_id: request.request_id().into(),
+            request_id: Arc::clone(request.request_id_shared()),
             model: request.model().unwrap_or_default().into(),
             requested_model: request.requested_model().map(Arc::from),
             lora_adapter: None,
@@ -298,7 +298,7 @@ mod tests {
         let body = bytes::Bytes::from_static(br#"{"model":"m","messages":[],"cache_salt":"s"}"#);
         let req = kvgate_request::Request::parse(kvgate_request::Api::ChatCompletions, body)
             .unwrap()
-            .seal("r1".into());
+            .seal("r1");
         let mut h = http::HeaderMap::new();
         h.insert(SESSION_HEADER, http::HeaderValue::from_static("sess"));
         let f = RequestFacts::from_request(&req, &h);

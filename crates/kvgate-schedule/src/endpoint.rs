@@ -303,12 +303,37 @@ impl EndpointState {
             && let Ok(pq) = path_and_query.parse::<http::uri::PathAndQuery>()
         {
             // No prefix: the path as given, parsed alone; no prefixed string formatted first.
-            let mut parts = http::uri::Parts::default();
-            parts.scheme = Some(self.scheme.clone());
-            parts.authority = Some(self.authority.clone());
-            parts.path_and_query = Some(pq);
-            return Ok(http::Uri::from_parts(parts)?);
+            return self.uri_with(pq);
         }
+        self.prefixed(path_and_query)
+    }
+
+    /// [`EndpointState::uri_for`] a path-and-query already parsed (a client request's): with
+    /// no path prefix, it is used as it is (a reference-counted copy), not parsed again.
+    ///
+    /// # Errors
+    /// When the prefix and `path_and_query` make no valid URI path.
+    pub fn uri_for_parsed(
+        &self,
+        path_and_query: &http::uri::PathAndQuery,
+    ) -> Result<http::Uri, http::Error> {
+        if self.prefix.is_empty() {
+            return self.uri_with(path_and_query.clone());
+        }
+        self.prefixed(path_and_query.as_str())
+    }
+
+    /// This endpoint's scheme and authority with `pq`.
+    fn uri_with(&self, pq: http::uri::PathAndQuery) -> Result<http::Uri, http::Error> {
+        let mut parts = http::uri::Parts::default();
+        parts.scheme = Some(self.scheme.clone());
+        parts.authority = Some(self.authority.clone());
+        parts.path_and_query = Some(pq);
+        Ok(http::Uri::from_parts(parts)?)
+    }
+
+    /// The URI of `path_and_query` after this endpoint's path prefix.
+    fn prefixed(&self, path_and_query: &str) -> Result<http::Uri, http::Error> {
         http::Uri::builder()
             .scheme(self.scheme.clone())
             .authority(self.authority.clone())

@@ -42,8 +42,8 @@ pub struct Routed {
     pending: Option<PendingPrefix>,
     /// Loaded once: every pick of the request uses the same scheduler.
     scheduler: Arc<Scheduler>,
-    /// Names of the endpoints picked so far, in order.
-    tried: Vec<String>,
+    /// The endpoints picked so far, in order.
+    tried: Vec<Arc<EndpointState>>,
     /// When set, only endpoints with these names (`host:port`) are candidates.
     subset: Option<Vec<String>>,
     /// The flow-control permit ([`Proxy::admit`]); picks take endpoint slots under it.
@@ -63,8 +63,8 @@ impl Routed {
         &self.sealed
     }
 
-    /// Names of the endpoints picked so far, in order.
-    pub fn tried(&self) -> &[String] {
+    /// The endpoints picked so far, in order.
+    pub fn tried(&self) -> &[Arc<EndpointState>] {
         &self.tried
     }
 
@@ -137,7 +137,7 @@ impl Proxy {
         route: &Route,
         body: Bytes,
         headers: &HeaderMap,
-        request_id: &str,
+        request_id: &Arc<str>,
     ) -> Result<Routed, ProxyError> {
         let (sealed, facts, pending, tokenizer) = if *route == Route::ByModel {
             let (sealed, parse_error) = self.seal_by_model(body, request_id)?;
@@ -208,7 +208,7 @@ impl Proxy {
         self.registry
             .healthy(now)
             .into_iter()
-            .filter(|e| !routed.tried.iter().any(|t| t == e.name()))
+            .filter(|e| !routed.tried.iter().any(|t| t.name() == e.name()))
             .filter(|e| {
                 routed
                     .subset
@@ -243,7 +243,7 @@ impl Proxy {
     fn seal_by_model(
         &self,
         body: Bytes,
-        request_id: &str,
+        request_id: &Arc<str>,
     ) -> Result<(SealedRequest, Option<ParseError>), ProxyError> {
         // `Embeddings` is the parse mode that reads the fewest keys; the request is never
         // tokenized (`by_model_facts` does not call the tokenizer).
@@ -302,12 +302,12 @@ impl Proxy {
     }
 
     /// Splices the canonical model name in place of an alias and seals the request.
-    fn seal(&self, mut request: Request, request_id: &str) -> SealedRequest {
+    fn seal(&self, mut request: Request, request_id: &Arc<str>) -> SealedRequest {
         if let Some(canonical) = request.model().and_then(|m| self.config.aliases.get(m)) {
             let canonical = canonical.clone();
             request.set_model(&canonical);
         }
-        let sealed = request.seal(request_id.to_owned());
+        let sealed = request.seal(Arc::clone(request_id));
         tracing::debug!(
             requested_model = sealed.requested_model().unwrap_or(""),
             model = sealed.model().unwrap_or(""),
@@ -417,7 +417,7 @@ impl Proxy {
                 .map(InFlightGuard::extension);
             self.park_prefix(p, &endpoint, predicted.unwrap_or(0), pins);
         }
-        routed.tried.push(endpoint.name().to_owned());
+        routed.tried.push(Arc::clone(&endpoint));
         Ok(Some(Pick {
             endpoint,
             fallbacks,

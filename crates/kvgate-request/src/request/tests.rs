@@ -50,7 +50,7 @@ fn model_is_located_and_spliced_without_touching_other_bytes() {
         // The spliced body parses to the same view.
         let again = parse(&want).unwrap();
         assert_eq!(again.model(), req.model(), "{name}");
-        let sealed = req.seal("id".into());
+        let sealed = req.seal("id");
         assert_eq!(sealed.requested_model(), Some("a"), "{name}");
         assert_eq!(sealed.model(), Some("org/Model-\"7B\""), "{name}");
     }
@@ -61,7 +61,7 @@ fn spans_after_the_model_shift_with_the_splice() {
     let body = r#"{"model":"short","messages":[{"role":"user","content":"x"}],"stream":true}"#;
     let mut req = parse(body).unwrap();
     req.set_model("a-much-longer-model-name");
-    let sealed = req.seal("r".into());
+    let sealed = req.seal("r");
     assert_eq!(
         sealed.raw(Field::Messages),
         Some(&br#"[{"role":"user","content":"x"}]"#[..])
@@ -75,7 +75,7 @@ fn view_reads_typed_fields() {
     let body = r#"{"model":"m","stream":true,"cache_salt":"s","max_tokens":7,
         "max_completion_tokens":9,"add_generation_prompt":false,"prompt":"p",
         "input":["i"],"tools":[],"chat_template_kwargs":{"enable_thinking":false}}"#;
-    let s = parse(body).unwrap().seal("r".into());
+    let s = parse(body).unwrap().seal("r");
     assert!(s.stream());
     assert_eq!(s.cache_salt(), Some("s"));
     assert_eq!(s.max_tokens(), Some(7));
@@ -87,7 +87,7 @@ fn view_reads_typed_fields() {
         s.raw(Field::ChatTemplateKwargs),
         Some(&br#"{"enable_thinking":false}"#[..])
     );
-    let bare = parse(r#"{"model":"m"}"#).unwrap().seal("r".into());
+    let bare = parse(r#"{"model":"m"}"#).unwrap().seal("r");
     assert!(!bare.stream());
     assert_eq!(bare.max_tokens(), None);
     assert_eq!(bare.raw(Field::Messages), None);

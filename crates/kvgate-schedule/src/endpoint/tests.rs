@@ -40,6 +40,19 @@ fn urls() {
     );
     assert_eq!(e.host_header(), "h:1");
     assert!(e.uri_for("/a b").is_err());
+    // An already parsed path and query gives the same URI as its text, with and without a
+    // prefix.
+    for url in ["http://h:1", "http://h:1/prefix/", "https://h:1/p"] {
+        let e = endpoint(url, &[]);
+        for pq in ["/v1/x?q=1", "/", "/v1/chat/completions"] {
+            let parsed: http::uri::PathAndQuery = pq.parse().unwrap();
+            assert_eq!(
+                e.uri_for_parsed(&parsed).unwrap(),
+                e.uri_for(pq).unwrap(),
+                "{url} {pq}"
+            );
+        }
+    }
     let cases = [
         ("ftp://h:1", "only http:// and https://"),
         ("h:1", "missing scheme"),
