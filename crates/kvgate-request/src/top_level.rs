@@ -73,7 +73,8 @@ fn string_end(json: &[u8], mut from: usize) -> Option<usize> {
     }
 }
 
-fn skip_ws(json: &[u8], mut i: usize) -> usize {
+/// The offset of the first byte at or after `i` that is not JSON whitespace.
+pub(crate) fn skip_ws(json: &[u8], mut i: usize) -> usize {
     while json
         .get(i)
         .is_some_and(|b| matches!(b, b' ' | b'\t' | b'\n' | b'\r'))

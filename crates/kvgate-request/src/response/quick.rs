@@ -58,13 +58,8 @@ struct Cursor<'a> {
 impl<'a> Cursor<'a> {
     /// The next byte that is not JSON whitespace, not consumed.
     fn peek(&mut self) -> Option<u8> {
-        while let Some(&b) = self.json.get(self.at) {
-            if !matches!(b, b' ' | b'\t' | b'\n' | b'\r') {
-                return Some(b);
-            }
-            self.at += 1;
-        }
-        None
+        self.at = crate::top_level::skip_ws(self.json, self.at);
+        self.json.get(self.at).copied()
     }
 
     /// Consumes `b` (after whitespace).
