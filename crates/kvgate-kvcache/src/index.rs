@@ -351,12 +351,18 @@ impl KvIndex {
     /// Inserts speculative holdings of `keys` for `id` (after the endpoint was picked), valid
     /// for [`IndexConfig::speculative_ttl`]. Keys the endpoint already holds for real are left
     /// alone; a `BlockStored` for a key turns its speculative holding into a real one.
+    ///
+    /// Tails first: a lookup that runs meanwhile walks the prompt from its first block and
+    /// stops at the first one not held, so it sees the match as it was before the insertion
+    /// or as it is after it, never a part of the insertion (a sibling of a burst that looked
+    /// up while the first request's holdings were extended would otherwise be placed on
+    /// however far the extension had got).
     pub fn insert_speculative(&self, id: EndpointId, keys: &BlockKeys) {
         let now = self.inner.clock.now_ms();
         let ttl = self.inner.config.speculative_ttl.as_millis() as u64;
         let deadline = now.wrapping_add(ttl.max(1)) as u32;
         let mut queued = Vec::with_capacity(keys.len());
-        for k in &keys.keys {
+        for k in keys.keys.iter().rev() {
             let new = Holding::speculative(id.0, deadline);
             let fast = self.inner.blocks.put_speculative_word(k.0, new);
             let inserted = fast.unwrap_or_else(|| {

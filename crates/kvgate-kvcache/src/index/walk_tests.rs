@@ -415,3 +415,53 @@ fn register(ix: &KvIndex, n: usize) -> Vec<EndpointId> {
         })
         .collect()
 }
+
+/// A lookup while an endpoint's speculative holdings are being extended over a whole prompt
+/// (a parked prefix completed) sees the match before the extension or after it, never part of
+/// it, galloping or not: each round a writer extends a 4-block match to 120 blocks while
+/// readers walk the prompt.
+#[test]
+fn a_speculative_extension_is_seen_whole_or_not_at_all() {
+    for gallop in [true, false] {
+        let (_clock, ix) = index(IndexConfig {
+            gallop,
+            ..IndexConfig::default()
+        });
+        let ix = Arc::new(ix);
+        let e = register(&ix, 2)[0];
+        let prompts: Vec<BlockKeys> = (0..300u32)
+            .map(|round| keys_of(&(0..480).map(|t| round * 1_000 + t).collect::<Vec<_>>()))
+            .collect();
+        for keys in &prompts {
+            let probe = BlockKeys {
+                keys: keys.keys[..4].to_vec(),
+                block_size: 4,
+            };
+            ix.insert_speculative(e, &probe);
+        }
+        let readers: Vec<_> = (0..2)
+            .map(|_| {
+                let (ix, prompts) = (Arc::clone(&ix), prompts.clone());
+                std::thread::spawn(move || {
+                    let mut seen = [0usize; 2];
+                    for keys in prompts.iter().cycle().take(60_000) {
+                        let m = ix.score(keys, &[e]).get(e).map_or(0, |s| s.matched_blocks);
+                        assert!(m == 4 || m == 120, "gallop {gallop}: matched {m} blocks");
+                        seen[usize::from(m == 120)] += 1;
+                    }
+                    seen
+                })
+            })
+            .collect();
+        for keys in &prompts {
+            ix.insert_speculative(e, keys);
+        }
+        for r in readers {
+            let seen = r.join().expect("a reader saw part of an extension");
+            assert!(
+                seen[1] > 0,
+                "gallop {gallop}: no reader saw an extension: {seen:?}"
+            );
+        }
+    }
+}
