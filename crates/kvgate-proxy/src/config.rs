@@ -246,6 +246,17 @@ pub struct ProxyConfig {
     /// `--otlp-endpoint`; `None`: tracing off, nothing on the request path). See
     /// [`crate::otel`].
     pub otlp_endpoint: Option<String>,
+    /// Threads that serve client connections (YAML `serving_threads`, `--serving-threads`;
+    /// default: one per core). Each runs its own single-threaded runtime and its own share of
+    /// the upstream pool, and the accept loop hands them connections in turn, so a request
+    /// never changes threads. 0: connections are served on the shared work-stealing runtime,
+    /// which balances a few busy connections across cores but costs more per request.
+    pub serving_threads: usize,
+}
+
+/// Default of [`ProxyConfig::serving_threads`]: the cores this process may use.
+pub fn default_serving_threads() -> usize {
+    std::thread::available_parallelism().map_or(1, usize::from)
 }
 
 impl Default for ProxyConfig {
@@ -279,6 +290,7 @@ impl Default for ProxyConfig {
             discovery: None,
             flow_control: None,
             otlp_endpoint: None,
+            serving_threads: default_serving_threads(),
         }
     }
 }
@@ -305,6 +317,9 @@ impl ProxyConfig {
             });
         }
         self.max_inflight_body_bytes = file.limits.max_inflight_body_bytes;
+        if let Some(threads) = file.serving_threads {
+            self.serving_threads = threads;
+        }
         if let Some(sync) = &file.replica_sync {
             self.replica_sync = Some(sync.to_sync_config());
         }

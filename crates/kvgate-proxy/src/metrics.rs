@@ -48,6 +48,14 @@ pub struct ListenerLabels {
     pub listener: &'static str,
 }
 
+/// Labels of a serving thread.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct WorkerLabels {
+    /// The serving thread's number from 0, or `shared` when connections are served on the
+    /// shared runtime (`serving_threads: 0`).
+    pub worker: String,
+}
+
 /// Labels of a timed-out phase.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct PhaseLabels {
@@ -85,6 +93,9 @@ pub struct ProxyMetrics {
     /// `kvgate_accept_errors_total{listener}`: failed `accept` calls (e.g. out of file
     /// descriptors); each is followed by a growing pause before the next accept.
     pub accept_errors: Family<ListenerLabels, Counter>,
+    /// `kvgate_connections_accepted_total{worker}`: client connections accepted on the proxy
+    /// listener, by the serving thread they were handed to (see `serving_threads`).
+    pub connections: Family<WorkerLabels, Counter>,
     /// `kvgate_sse_oversize_events_total`: response SSE events over the 1 MiB watch cap,
     /// passed through unwatched (their `usage` is not read).
     pub sse_oversize: Counter,
@@ -158,6 +169,7 @@ impl ProxyMetrics {
             ejections: Family::default(),
             aborted: Family::default(),
             accept_errors: Family::default(),
+            connections: Family::default(),
             sse_oversize: Counter::default(),
             timeouts: Family::default(),
             tokenize_fallback: Family::default(),
@@ -216,6 +228,11 @@ impl ProxyMetrics {
             "accept_errors",
             "Failed accepts on a listener, each followed by a back-off pause",
             m.accept_errors.clone(),
+        );
+        registry.register(
+            "connections_accepted",
+            "Client connections accepted on the proxy listener, by serving thread",
+            m.connections.clone(),
         );
         registry.register(
             "sse_oversize_events",

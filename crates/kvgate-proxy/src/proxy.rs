@@ -50,6 +50,8 @@ mod respond;
 pub mod routes;
 mod upstream;
 
+pub(crate) use upstream::set_serving_thread;
+
 pub use self::{
     facts::PREFIX_TOKENS_START,
     pipeline::{Pick, Routed},

@@ -21,8 +21,12 @@ use crate::{
 };
 
 mod idle;
+mod workers;
 
-use self::idle::{IdleIo, InFlight};
+use self::{
+    idle::{IdleIo, InFlight},
+    workers::Serving,
+};
 
 /// How long graceful shutdown waits for in-flight requests.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
@@ -73,13 +77,17 @@ pub async fn run(
     result
 }
 
-/// The proxy accept loop. With TLS, each connection's handshake runs in its own task
-/// (bounded by `timeouts.header_read`); the plain path is the same as without TLS.
+/// The proxy accept loop: each connection is served on the next serving thread
+/// ([`workers`]), or on the shared runtime with `serving_threads: 0`. With TLS, each
+/// connection's handshake runs in its own task (bounded by `timeouts.header_read`); the
+/// plain path is the same as without TLS.
 async fn serve_proxy(
     mut listener: Acceptor,
     proxy: Arc<Proxy>,
     shutdown: impl Future<Output = ()> + Send,
 ) -> io::Result<()> {
+    // Dropped when this function ends (after the drain) or is dropped: the threads stop.
+    let mut serving = Serving::start(&proxy)?;
     let timeouts = proxy.config.timeouts;
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder
@@ -136,12 +144,12 @@ async fn serve_proxy(
                 .serve_connection(TokioIo::new(io), service)
                 .into_owned();
             let conn = graceful.watch(conn);
-            tokio::spawn(async move { connection_ended(conn.await, &header_timeouts, peer) });
+            serving.spawn(async move { connection_ended(conn.await, &header_timeouts, peer) });
             continue;
         };
         let (handshake, builder) = (acceptor.accept(io), builder.clone());
         let (watcher, failures) = (graceful.watcher(), handshake_failures.clone());
-        tokio::spawn(async move {
+        serving.spawn(async move {
             let io = match tokio::time::timeout(timeouts.header_read, handshake).await {
                 Ok(Ok(io)) => io,
                 Ok(Err(e)) => {

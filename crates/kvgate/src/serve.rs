@@ -74,6 +74,11 @@ pub(crate) struct ServeArgs {
     /// `limits.max_inflight_body_bytes`, else 1073741824 (1 GiB)].
     #[arg(long, value_name = "BYTES")]
     max_inflight_body_bytes: Option<u64>,
+    /// Threads that serve client connections, each with its own runtime and upstream
+    /// connections; 0 serves them on the shared runtime [default: the config's
+    /// `serving_threads`, else one per core].
+    #[arg(long, value_name = "N")]
+    serving_threads: Option<usize>,
     /// Serve the proxy port over TLS (HTTP/1.1 and h2 by ALPN) with this PEM certificate
     /// chain; needs --tls-key [default: the config's `tls.cert_file`, else plain HTTP].
     #[arg(long, value_name = "FILE", requires = "tls_key")]
@@ -288,6 +293,9 @@ pub(crate) fn proxy_config(args: &ServeArgs, file: &FileConfig) -> anyhow::Resul
     config.max_body_bytes = args.max_body_bytes;
     if let Some(bytes) = args.max_inflight_body_bytes {
         config.max_inflight_body_bytes = bytes;
+    }
+    if let Some(threads) = args.serving_threads {
+        config.serving_threads = threads;
     }
     if let (Some(cert_file), Some(key_file)) = (&args.tls_cert, &args.tls_key) {
         config.tls = Some(kvgate_proxy::config::ListenerTls {

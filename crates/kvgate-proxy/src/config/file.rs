@@ -25,6 +25,9 @@ pub struct FileConfig {
     /// Admin listen address (`/health`, `/ready`, `/metrics`, `/debug/state`); defaults to
     /// [`DEFAULT_ADMIN_LISTEN`] (`127.0.0.1:9090`).
     pub admin_listen: Option<SocketAddr>,
+    /// Threads that serve client connections, each with its own runtime (absent: one per
+    /// core; 0: the shared runtime serves them). See [`ProxyConfig::serving_threads`].
+    pub serving_threads: Option<usize>,
     /// TLS on the proxy listener (absent: plain HTTP/1.1 and h2c; read at startup).
     #[serde(default)]
     pub tls: Option<TlsSpec>,

@@ -6,6 +6,8 @@
 
 mod pool;
 
+pub(crate) use pool::set_serving_thread;
+
 use std::{error::Error, io, sync::Arc, time::Duration};
 
 use bytes::Bytes;

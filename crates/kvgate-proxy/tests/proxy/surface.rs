@@ -222,3 +222,47 @@ async fn recent_decisions_show_the_pick_and_its_scores() {
         );
     }
 }
+
+/// Client connections are handed to the serving threads in turn, each counted in
+/// `kvgate_connections_accepted_total{worker}`, and every request on them is forwarded; with
+/// `serving_threads: 0` the shared runtime serves them all. Rows flip the thread count.
+#[tokio::test]
+async fn connections_go_to_the_serving_threads_in_turn() {
+    for (threads, want) in [
+        (2, vec![("0", 3), ("1", 2)]),
+        (3, vec![("0", 2), ("1", 2), ("2", 1)]),
+        (0, vec![("shared", 5)]),
+    ] {
+        let mut spy = Spy::start(Behavior::Json(r#"{"ok":true}"#.into())).await;
+        let proxy = RunningProxy::start(ProxyConfig {
+            serving_threads: threads,
+            ..config(&[spy.url()])
+        })
+        .await;
+        // `send` opens a connection of its own for each request.
+        for i in 0..5 {
+            let body = format!(r#"{{"model":"qwen","messages":[],"n":{i}}}"#);
+            let (status, _, answer) = post_chat(&proxy, body.clone()).await;
+            assert_eq!(status, StatusCode::OK, "{threads} threads, request {i}");
+            assert_eq!(&answer[..], br#"{"ok":true}"#);
+            let got = spy.next_request().await;
+            assert_eq!(
+                String::from_utf8(got.body).unwrap(),
+                body.replace("qwen", CANONICAL),
+                "{threads} threads"
+            );
+        }
+        let text = metrics(&proxy).await;
+        let mut counted: Vec<(String, u64)> = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("kvgate_connections_accepted_total{worker=\""))
+            .filter_map(|l| {
+                let (worker, n) = l.split_once("\"} ")?;
+                Some((worker.to_owned(), n.parse().ok()?))
+            })
+            .collect();
+        counted.sort();
+        let want: Vec<(String, u64)> = want.iter().map(|(w, n)| ((*w).into(), *n)).collect();
+        assert_eq!(counted, want, "{threads} threads");
+    }
+}

@@ -10,6 +10,11 @@
 //! connection refused before sending it is sent again on another (the engine never saw it).
 //! Idle connections older than the idle timeout are closed: when found, and by a sweep
 //! every idle timeout (once a second at most) while the pool exists.
+//!
+//! Each serving thread ([`crate::server`]) has its own share of the pool: a connection's task
+//! runs on the thread that opened it, and only requests on that thread take it again, so a
+//! request and the connection it goes out on never wake each other across threads. A thread
+//! with no idle connection of its own opens one rather than borrow another thread's.
 
 use std::{
     collections::HashMap,
@@ -65,10 +70,28 @@ impl PoolError {
     }
 }
 
-/// An idle connection and since when it is idle.
+/// An idle connection, since when it is idle, and the serving thread whose share it is in.
 struct Idle {
     sender: Sender,
     since: Instant,
+    shard: usize,
+}
+
+thread_local! {
+    /// This thread's share of every pool: the serving thread's number from 1, 0 on any other
+    /// thread.
+    static SHARD: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// Makes this thread serving thread `n` (from 0): its requests take and return the pool's
+/// connections in that thread's share.
+pub(crate) fn set_serving_thread(n: usize) {
+    SHARD.with(|s| s.set(n + 1));
+}
+
+/// This thread's share of the pool.
+fn shard() -> usize {
+    SHARD.with(std::cell::Cell::get)
 }
 
 /// What the pool's clones and its sweeper share.
@@ -146,8 +169,9 @@ impl PlainPool {
             req.headers_mut().insert(HOST, host);
         }
         *req.uri_mut() = super::origin_form(req.uri());
+        let shard = shard();
         loop {
-            let (mut sender, reused) = match self.checkout(&authority) {
+            let (mut sender, reused) = match self.checkout(&authority, shard) {
                 Some(sender) => (sender, true),
                 // Boxed: a new connection's connect and handshake are a kilobyte and more
                 // of state that every request's future would otherwise carry.
@@ -155,7 +179,7 @@ impl PlainPool {
             };
             match sender.try_send_request(req).await {
                 Ok(resp) => {
-                    self.checkin_when_ready(authority, sender);
+                    self.checkin_when_ready(authority, shard, sender);
                     return Ok(resp);
                 }
                 Err(mut e) => match e.take_message() {
@@ -168,13 +192,14 @@ impl PlainPool {
         }
     }
 
-    /// The most recently used idle connection to `authority` that is still open and not
-    /// expired; the closed and expired ones found on the way are dropped.
-    fn checkout(&self, authority: &Authority) -> Option<Sender> {
+    /// The most recently used idle connection to `authority` in `shard` that is still open
+    /// and not expired; the closed and expired ones found on the way are dropped.
+    fn checkout(&self, authority: &Authority, shard: usize) -> Option<Sender> {
         let now = Instant::now();
         let mut idle = self.inner.lock();
         let list = idle.get_mut(authority.as_str())?;
-        while let Some(entry) = list.pop() {
+        while let Some(at) = list.iter().rposition(|e| e.shard == shard) {
+            let entry = list.remove(at);
             if entry.sender.is_ready() && now.duration_since(entry.since) < self.inner.idle_timeout
             {
                 return Some(entry.sender);
@@ -206,11 +231,12 @@ impl PlainPool {
         Ok(sender)
     }
 
-    /// Puts `sender` back once it can take the next request: now if it can, else when the
-    /// response body has ended (a connection whose body is dropped unread closes instead).
-    fn checkin_when_ready(&self, authority: Authority, mut sender: Sender) {
+    /// Puts `sender` back in `shard` once it can take the next request: now if it can, else
+    /// when the response body has ended (a connection whose body is dropped unread closes
+    /// instead).
+    fn checkin_when_ready(&self, authority: Authority, shard: usize, mut sender: Sender) {
         if sender.is_ready() {
-            self.inner.put(authority, sender);
+            self.inner.put(authority, shard, sender);
             return;
         }
         let inner = Arc::downgrade(&self.inner);
@@ -218,7 +244,7 @@ impl PlainPool {
             if sender.ready().await.is_ok()
                 && let Some(pool) = inner.upgrade()
             {
-                pool.put(authority, sender);
+                pool.put(authority, shard, sender);
             }
         });
     }
@@ -229,11 +255,12 @@ impl Inner {
         self.idle.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Adds an idle connection, and starts the sweeper with the first one.
-    fn put(self: &Arc<Self>, authority: Authority, sender: Sender) {
+    /// Adds an idle connection to `shard`, and starts the sweeper with the first one.
+    fn put(self: &Arc<Self>, authority: Authority, shard: usize, sender: Sender) {
         let idle = Idle {
             sender,
             since: Instant::now(),
+            shard,
         };
         let mut map = self.lock();
         match map.get_mut(authority.as_str()) {

@@ -205,6 +205,35 @@ async fn sequential_requests_share_one_connection() {
 }
 
 /// Requests in flight together each get a connection, and all of them come back.
+/// Each serving thread takes only the connections in its own share: a request on another
+/// thread opens its own connection instead of taking the idle one, and each thread then
+/// reuses its own. (The test's one thread plays each serving thread in turn.)
+#[tokio::test]
+async fn serving_threads_reuse_only_their_own_connections() {
+    let (addr, mut seen, _close) = engine(After::KeepAlive).await;
+    let pool = pool();
+    let mut on_connection = Vec::new();
+    for (i, thread) in [0, 1, 0, 1, 1].into_iter().enumerate() {
+        set_serving_thread(thread);
+        send(&pool, addr, &format!("/v1/x?i={i}")).await.unwrap();
+        // Every connection opened so far is idle again.
+        until_idle(&pool, (i + 1).min(2)).await;
+        loop {
+            match next(&mut seen).await {
+                Seen::Accepted(_) => {}
+                Seen::Request(n, _) => {
+                    on_connection.push(n);
+                    break;
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+    }
+    SHARD.with(|s| s.set(0));
+    assert_eq!(on_connection, [0, 1, 0, 1, 1]);
+    assert_eq!(pool.open_count(), 2);
+}
+
 #[tokio::test]
 async fn concurrent_requests_open_connections_that_all_return() {
     let (addr, mut seen, _close) = engine(After::KeepAlive).await;

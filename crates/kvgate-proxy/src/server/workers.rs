@@ -1,0 +1,129 @@
+//! Serving threads: one single-threaded async runtime per thread, each serving the client
+//! connections the accept loop hands it (in turn), with its own share of the upstream
+//! connection pool. A connection, its requests and their upstream connections stay on one
+//! thread from accept to close, the way Envoy's and nginx's workers keep theirs: no task
+//! moves between threads and none wakes another thread's, which on the proxy path costs
+//! more than kvgate's own work per request (BENCHMARKS.md, "Proxy path side by side").
+//! Everything else (the accept loop, the admin server, health checks, KV-event
+//! subscribers) stays on the process's shared runtime.
+
+use std::{future::Future, io, thread};
+
+use prometheus_client::metrics::counter::Counter;
+use tokio::{runtime::Handle, sync::oneshot};
+
+use crate::{Proxy, metrics::WorkerLabels};
+
+/// Where client connections are served: on the serving threads, or on the shared runtime
+/// (`serving_threads: 0`). Dropping it stops the threads, and with them the connections they
+/// serve.
+#[derive(Debug)]
+pub(crate) enum Serving {
+    /// On the serving threads, in turn.
+    Threads(Workers),
+    /// On the shared runtime; the count of connections accepted.
+    Shared(Counter),
+}
+
+impl Serving {
+    /// Starts `proxy.config.serving_threads` serving threads (none for 0).
+    ///
+    /// # Errors
+    /// A thread or its runtime could not be started.
+    pub(crate) fn start(proxy: &Proxy) -> io::Result<Serving> {
+        let n = proxy.config.serving_threads;
+        if n == 0 {
+            let shared = proxy.metrics.connections.get_or_create(&WorkerLabels {
+                worker: "shared".into(),
+            });
+            return Ok(Serving::Shared(shared.clone()));
+        }
+        Workers::start(n, proxy).map(Serving::Threads)
+    }
+
+    /// Serves one connection (`serve`, to its end).
+    pub(crate) fn spawn(&mut self, serve: impl Future<Output = ()> + Send + 'static) {
+        match self {
+            Serving::Threads(workers) => workers.spawn(serve),
+            Serving::Shared(accepted) => {
+                accepted.inc();
+                tokio::spawn(serve);
+            }
+        }
+    }
+}
+
+/// The serving threads.
+#[derive(Debug)]
+pub(crate) struct Workers {
+    threads: Vec<Worker>,
+    next: usize,
+}
+
+/// One serving thread: its runtime's handle, the switch that stops it, and its count of
+/// connections.
+#[derive(Debug)]
+struct Worker {
+    handle: Handle,
+    _stop: oneshot::Sender<()>,
+    accepted: Counter,
+}
+
+impl Workers {
+    /// Starts `n` (at least 1) serving threads, `kvgate-serve-0`….
+    fn start(n: usize, proxy: &Proxy) -> io::Result<Workers> {
+        let threads = (0..n)
+            .map(|i| {
+                let (ready_tx, ready) = std::sync::mpsc::channel();
+                let (stop, stopped) = oneshot::channel::<()>();
+                thread::Builder::new()
+                    .name(format!("kvgate-serve-{i}"))
+                    .spawn(move || {
+                        crate::proxy::set_serving_thread(i);
+                        let runtime = match tokio::runtime::Builder::new_current_thread()
+                            .enable_all()
+                            .build()
+                        {
+                            Ok(runtime) => runtime,
+                            Err(e) => {
+                                let _ = ready_tx.send(Err(e));
+                                return;
+                            }
+                        };
+                        let _ = ready_tx.send(Ok(runtime.handle().clone()));
+                        // Until the stop switch is dropped; then the runtime, and every task
+                        // on it, goes.
+                        runtime.block_on(async {
+                            let _ = stopped.await;
+                        });
+                    })?;
+                let handle = ready
+                    .recv()
+                    .map_err(|_| io::Error::other("a serving thread ended while starting"))??;
+                let accepted = proxy
+                    .metrics
+                    .connections
+                    .get_or_create(&WorkerLabels {
+                        worker: i.to_string(),
+                    })
+                    .clone();
+                Ok(Worker {
+                    handle,
+                    _stop: stop,
+                    accepted,
+                })
+            })
+            .collect::<io::Result<Vec<Worker>>>()?;
+        tracing::info!(threads = n, "serving connections on their own threads");
+        Ok(Workers { threads, next: 0 })
+    }
+
+    /// Serves one connection (`serve`) on the next thread in turn.
+    fn spawn(&mut self, serve: impl Future<Output = ()> + Send + 'static) {
+        let worker = &self.threads[self.next % self.threads.len()];
+        self.next = self.next.wrapping_add(1);
+        worker.accepted.inc();
+        // A stopped thread drops the connection with its runtime.
+        drop(worker.handle.spawn(serve));
+    }
+}
