@@ -18,6 +18,9 @@
 #                 client, two tokio workers; no parse, scheduling or metrics): what of
 #                 kvgate's cost is the stack and what its own work (not in the default list;
 #                 cargo build --release -p kvgate-proxy --example bare_proxy)
+#   hyper-bare-per-core  the same with one single-threaded runtime per core, each with its own
+#                 listener (SO_REUSEPORT) and pooled client: the stack without work stealing
+#                 (not in the default list)
 # Load, per target and round: wrk (closed loop, -t1 -c16, DURATION s) for req/s and latency,
 # then hey at a fixed 500 req/s twice, for p50/p99 at that rate: evenly spaced (-c 1 -q 500,
 # one request every 2 ms; the rate it held is reported, as a request slower than 2 ms would
@@ -81,7 +84,7 @@ needs_peers=0
 for t in "${TARGETS[@]}"; do
   case $t in
     vllm-*|smg-*) needs_peers=1 ;;
-    hyper-bare) [[ -x $BARE ]] || die "$BARE missing (cargo build --release -p kvgate-proxy --example bare_proxy)" ;;
+    hyper-bare|hyper-bare-per-core) [[ -x $BARE ]] || die "$BARE missing (cargo build --release -p kvgate-proxy --example bare_proxy)" ;;
   esac
 done
 if ((needs_peers)) && [[ ! -x $PEERS_VENV/bin/smg || ! -x $PEERS_VENV/bin/vllm-router ]]; then
@@ -227,6 +230,8 @@ start_target() { # NAME -> sets URL, TPID
         --tokenizer "$MODEL=$TOKENIZER_DIR" >"$logf" 2>&1 & ;;
     hyper-bare)
       "${wrap[@]}" "$BARE" "127.0.0.1:$port" "$ENGINE" >"$logf" 2>&1 & ;;
+    hyper-bare-per-core)
+      "${wrap[@]}" "$BARE" "127.0.0.1:$port" "$ENGINE" --per-core >"$logf" 2>&1 & ;;
     *) die "unknown target $name" ;;
   esac
   TPID=$!
@@ -376,10 +381,10 @@ def ratio(a, b, k):
     x, y = med(a, k), med(b, k)
     return None if x is None or y is None or y == 0 else x / y
 print("\nRatios of medians:")
-for a, b in [("kvgate", "vllm-rr"), ("kvgate", "direct"), ("kvgate", "nginx-proxy"), ("kvgate", "hyper-bare"), ("kvgate-tok", "smg-cache")]:
+for a, b in [("kvgate", "vllm-rr"), ("kvgate", "direct"), ("kvgate", "nginx-proxy"), ("kvgate", "hyper-bare"), ("kvgate", "hyper-bare-per-core"), ("hyper-bare-per-core", "hyper-bare"), ("kvgate-tok", "smg-cache")]:
     if a in targets and b in targets:
         print(f"- {a} / {b} req/s: {ratio(a, b, 'wrk_rps'):.2f}x")
-for a, b in [("kvgate", "vllm-rr"), ("kvgate", "hyper-bare"), ("kvgate-tok", "smg-cache")]:
+for a, b in [("kvgate", "vllm-rr"), ("kvgate", "hyper-bare"), ("hyper-bare-per-core", "hyper-bare"), ("kvgate-tok", "smg-cache")]:
     if a in targets and b in targets and ratio(a, b, "cpu_us_per_request"):
         print(f"- {a} / {b} CPU per request: {ratio(a, b, 'cpu_us_per_request'):.2f}x")
 if {"kvgate", "vllm-rr", "direct"} <= set(targets):

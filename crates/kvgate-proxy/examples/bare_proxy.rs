@@ -6,7 +6,13 @@
 //! `scripts/proxy_peers.sh --targets hyper-bare` measures it beside the routers, so the
 //! report shows how much of a router's cost per request is the stack and how much its own.
 //!
-//! Usage: `bare_proxy LISTEN_ADDR UPSTREAM_URL` (e.g. `127.0.0.1:8080 http://127.0.0.1:9000`).
+//! With `--per-core`, the same proxy runs one single-threaded runtime per core instead, each
+//! with its own listener on the address (`SO_REUSEPORT`, the kernel spreads connections) and
+//! its own pooled client, so a request and its upstream connection never change threads:
+//! what the stack costs without the work-stealing scheduler (`--targets hyper-bare-per-core`).
+//!
+//! Usage: `bare_proxy LISTEN_ADDR UPSTREAM_URL [--per-core]` (e.g. `127.0.0.1:8080
+//! http://127.0.0.1:9000`).
 
 use std::{error::Error, net::SocketAddr};
 
@@ -41,31 +47,71 @@ async fn forward(
     Ok(client.request(out.body(Full::new(bytes))?).await?)
 }
 
+/// Accepts on `listener` until an accept fails, each connection served in its own task with
+/// `client` for the upstream.
+async fn serve(
+    listener: tokio::net::TcpListener,
+    client: Upstream,
+    upstream: &'static str,
+) -> std::io::Result<()> {
+    loop {
+        let (stream, _) = listener.accept().await?;
+        stream.set_nodelay(true)?;
+        let client = client.clone();
+        tokio::spawn(async move {
+            let service = service_fn(move |req| forward(client.clone(), upstream, req));
+            // A connection's error ends that connection only.
+            let _ = http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), service)
+                .await;
+        });
+    }
+}
+
+fn client() -> Upstream {
+    Client::builder(TokioExecutor::new()).build(HttpConnector::new())
+}
+
 fn main() -> Result<(), Box<dyn Error>> {
     let mut args = std::env::args().skip(1);
     let (Some(listen), Some(upstream)) = (args.next(), args.next()) else {
-        return Err("usage: bare_proxy LISTEN_ADDR UPSTREAM_URL".into());
+        return Err("usage: bare_proxy LISTEN_ADDR UPSTREAM_URL [--per-core]".into());
     };
+    let per_core = args.next().as_deref() == Some("--per-core");
     let listen: SocketAddr = listen.parse()?;
     let upstream: &'static str = Box::leak(upstream.trim_end_matches('/').into());
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
-    runtime.block_on(async move {
-        let listener = tokio::net::TcpListener::bind(listen).await?;
-        let client: Upstream = Client::builder(TokioExecutor::new()).build(HttpConnector::new());
-        loop {
-            let (stream, _) = listener.accept().await?;
-            stream.set_nodelay(true)?;
-            let client = client.clone();
-            tokio::spawn(async move {
-                let service = service_fn(move |req| forward(client.clone(), upstream, req));
-                // A connection's error ends that connection only.
-                let _ = http1::Builder::new()
-                    .serve_connection(TokioIo::new(stream), service)
-                    .await;
-            });
-        }
-    })
+    if !per_core {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()?;
+        return runtime.block_on(async move {
+            let listener = tokio::net::TcpListener::bind(listen).await?;
+            Ok(serve(listener, client(), upstream).await?)
+        });
+    }
+    let cores = std::thread::available_parallelism().map_or(2, usize::from);
+    let threads: Vec<_> = (0..cores)
+        .map(|_| {
+            std::thread::spawn(move || -> std::io::Result<()> {
+                let runtime = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()?;
+                runtime.block_on(async move {
+                    let socket = if listen.is_ipv4() {
+                        tokio::net::TcpSocket::new_v4()?
+                    } else {
+                        tokio::net::TcpSocket::new_v6()?
+                    };
+                    socket.set_reuseport(true)?;
+                    socket.bind(listen)?;
+                    serve(socket.listen(1024)?, client(), upstream).await
+                })
+            })
+        })
+        .collect();
+    for thread in threads {
+        thread.join().map_err(|_| "a serving thread panicked")??;
+    }
+    Ok(())
 }
