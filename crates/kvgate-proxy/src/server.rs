@@ -87,7 +87,7 @@ async fn serve_proxy(
     shutdown: impl Future<Output = ()> + Send,
 ) -> io::Result<()> {
     // Dropped when this function ends (after the drain) or is dropped: the threads stop.
-    let mut serving = Serving::start(&proxy)?;
+    let mut serving = Serving::start(&proxy).await?;
     let timeouts = proxy.config.timeouts;
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder

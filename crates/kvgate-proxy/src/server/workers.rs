@@ -30,7 +30,7 @@ impl Serving {
     ///
     /// # Errors
     /// A thread or its runtime could not be started.
-    pub(crate) fn start(proxy: &Proxy) -> io::Result<Serving> {
+    pub(crate) async fn start(proxy: &Proxy) -> io::Result<Serving> {
         let n = proxy.config.serving_threads;
         if n == 0 {
             let shared = proxy.metrics.connections.get_or_create(&WorkerLabels {
@@ -38,7 +38,7 @@ impl Serving {
             });
             return Ok(Serving::Shared(shared.clone()));
         }
-        Workers::start(n, proxy).map(Serving::Threads)
+        Workers::start(n, proxy).await.map(Serving::Threads)
     }
 
     /// Serves one connection (`serve`, to its end).
@@ -71,49 +71,11 @@ struct Worker {
 
 impl Workers {
     /// Starts `n` (at least 1) serving threads, `kvgate-serve-0`….
-    fn start(n: usize, proxy: &Proxy) -> io::Result<Workers> {
-        let threads = (0..n)
-            .map(|i| {
-                let (ready_tx, ready) = std::sync::mpsc::channel();
-                let (stop, stopped) = oneshot::channel::<()>();
-                thread::Builder::new()
-                    .name(format!("kvgate-serve-{i}"))
-                    .spawn(move || {
-                        crate::proxy::set_serving_thread(i);
-                        let runtime = match tokio::runtime::Builder::new_current_thread()
-                            .enable_all()
-                            .build()
-                        {
-                            Ok(runtime) => runtime,
-                            Err(e) => {
-                                let _ = ready_tx.send(Err(e));
-                                return;
-                            }
-                        };
-                        let _ = ready_tx.send(Ok(runtime.handle().clone()));
-                        // Until the stop switch is dropped; then the runtime, and every task
-                        // on it, goes.
-                        runtime.block_on(async {
-                            let _ = stopped.await;
-                        });
-                    })?;
-                let handle = ready
-                    .recv()
-                    .map_err(|_| io::Error::other("a serving thread ended while starting"))??;
-                let accepted = proxy
-                    .metrics
-                    .connections
-                    .get_or_create(&WorkerLabels {
-                        worker: i.to_string(),
-                    })
-                    .clone();
-                Ok(Worker {
-                    handle,
-                    _stop: stop,
-                    accepted,
-                })
-            })
-            .collect::<io::Result<Vec<Worker>>>()?;
+    async fn start(n: usize, proxy: &Proxy) -> io::Result<Workers> {
+        let mut threads = Vec::with_capacity(n);
+        for i in 0..n {
+            threads.push(Worker::start(i, proxy).await?);
+        }
         tracing::info!(threads = n, "serving connections on their own threads");
         Ok(Workers { threads, next: 0 })
     }
@@ -125,5 +87,49 @@ impl Workers {
         worker.accepted.inc();
         // A stopped thread drops the connection with its runtime.
         drop(worker.handle.spawn(serve));
+    }
+}
+
+impl Worker {
+    /// Starts serving thread `i` and waits until its runtime is up.
+    async fn start(i: usize, proxy: &Proxy) -> io::Result<Worker> {
+        let (ready_tx, ready) = oneshot::channel();
+        let (stop, stopped) = oneshot::channel::<()>();
+        thread::Builder::new()
+            .name(format!("kvgate-serve-{i}"))
+            .spawn(move || {
+                crate::proxy::set_serving_thread(i);
+                let runtime = match tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                {
+                    Ok(runtime) => runtime,
+                    Err(e) => {
+                        let _ = ready_tx.send(Err(e));
+                        return;
+                    }
+                };
+                let _ = ready_tx.send(Ok(runtime.handle().clone()));
+                // Until the stop switch is dropped; then the runtime, and every task on it,
+                // goes.
+                runtime.block_on(async {
+                    let _ = stopped.await;
+                });
+            })?;
+        let handle = ready
+            .await
+            .map_err(|_| io::Error::other("a serving thread ended while starting"))??;
+        let accepted = proxy
+            .metrics
+            .connections
+            .get_or_create(&WorkerLabels {
+                worker: i.to_string(),
+            })
+            .clone();
+        Ok(Worker {
+            handle,
+            _stop: stop,
+            accepted,
+        })
     }
 }
