@@ -96,9 +96,13 @@ impl Worker {
     async fn start(i: usize, proxy: &Proxy) -> io::Result<Worker> {
         let (ready_tx, ready) = oneshot::channel();
         let (stop, stopped) = oneshot::channel::<()>();
+        // The log subscriber of the thread that starts the serving threads, which may be
+        // scoped to it (the demo's is) rather than global: requests log there too.
+        let dispatch = tracing::dispatcher::get_default(Clone::clone);
         thread::Builder::new()
             .name(format!("kvgate-serve-{i}"))
             .spawn(move || {
+                let _logs = tracing::dispatcher::set_default(&dispatch);
                 crate::proxy::set_serving_thread(i);
                 let runtime = match tokio::runtime::Builder::new_current_thread()
                     .enable_all()
