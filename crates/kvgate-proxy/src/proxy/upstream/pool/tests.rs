@@ -204,7 +204,6 @@ async fn sequential_requests_share_one_connection() {
     );
 }
 
-/// Requests in flight together each get a connection, and all of them come back.
 /// Each serving thread takes only the connections in its own share: a request on another
 /// thread opens its own connection instead of taking the idle one, and each thread then
 /// reuses its own. (The test's one thread plays each serving thread in turn.)
@@ -234,6 +233,7 @@ async fn serving_threads_reuse_only_their_own_connections() {
     assert_eq!(pool.open_count(), 2);
 }
 
+/// Requests in flight together each get a connection, and all of them come back.
 #[tokio::test]
 async fn concurrent_requests_open_connections_that_all_return() {
     let (addr, mut seen, _close) = engine(After::KeepAlive).await;
