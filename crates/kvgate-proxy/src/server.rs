@@ -9,7 +9,10 @@ use http_body_util::BodyExt;
 use hyper::service::service_fn;
 use hyper_util::{
     rt::{TokioExecutor, TokioIo, TokioTimer},
-    server::{conn::auto, graceful::GracefulShutdown},
+    server::{
+        conn::auto,
+        graceful::{GracefulShutdown, Watcher},
+    },
 };
 use prometheus_client::{metrics::counter::Counter, registry::Registry};
 use tokio::net::{TcpListener, TcpStream};
@@ -94,10 +97,7 @@ async fn serve_proxy(
         .http1()
         .timer(TokioTimer::new())
         .header_read_timeout(timeouts.header_read);
-    let tls = proxy
-        .listener_tls
-        .clone()
-        .map(|config| (TlsAcceptor::from(config), Arc::new(builder.clone())));
+    let tls = proxy.listener_tls.clone().map(TlsAcceptor::from);
     let phase = |phase| {
         proxy
             .metrics
@@ -105,8 +105,15 @@ async fn serve_proxy(
             .get_or_create(&PhaseLabels { phase })
             .clone()
     };
-    let (idle_timeouts, header_timeouts) = (phase("idle"), phase("header_read"));
-    let handshake_failures = proxy.metrics.tls_handshake_failures.clone();
+    let clients = Arc::new(Clients {
+        proxy: proxy.clone(),
+        builder,
+        tls,
+        timeouts,
+        idle_timeouts: phase("idle"),
+        header_timeouts: phase("header_read"),
+        handshake_failures: proxy.metrics.tls_handshake_failures.clone(),
+    });
     let graceful = GracefulShutdown::new();
     tokio::pin!(shutdown);
     loop {
@@ -115,14 +122,45 @@ async fn serve_proxy(
             () = &mut shutdown => break,
         };
         let _ = stream.set_nodelay(true);
-        let proxy = proxy.clone();
+        let (clients, watcher) = (clients.clone(), graceful.watcher());
+        serving.spawn(stream, move |stream| clients.serve(stream, peer, watcher));
+    }
+    tracing::info!("shutting down: draining in-flight requests");
+    if tokio::time::timeout(DRAIN_TIMEOUT, graceful.shutdown())
+        .await
+        .is_err()
+    {
+        tracing::warn!("drain timed out; closing remaining connections");
+    }
+    Ok(())
+}
+
+/// What serving a client connection needs, shared by every connection.
+struct Clients {
+    proxy: Arc<Proxy>,
+    builder: auto::Builder<TokioExecutor>,
+    tls: Option<TlsAcceptor>,
+    timeouts: crate::config::Timeouts,
+    idle_timeouts: Counter,
+    header_timeouts: Counter,
+    handshake_failures: Counter,
+}
+
+impl Clients {
+    /// Serves `stream` to its end: its TLS handshake first when `tls:` is set (bounded by
+    /// `timeouts.header_read`), then its requests, until `watcher` asks it to close.
+    ///
+    /// It runs on the thread that serves the connection, so its idle timer (like the socket)
+    /// belongs to that thread's runtime, and no request wakes another thread.
+    async fn serve(self: Arc<Self>, stream: TcpStream, peer: SocketAddr, watcher: Watcher) {
         let in_flight = InFlight::default();
         let io = IdleIo::new(
             stream,
-            timeouts.idle,
+            self.timeouts.idle,
             in_flight.clone(),
-            idle_timeouts.clone(),
+            self.idle_timeouts.clone(),
         );
+        let proxy = self.proxy.clone();
         let service = service_fn(move |req| {
             let proxy = proxy.clone();
             // Counted until the response body is dropped (the idle timeout waits for it).
@@ -138,45 +176,33 @@ async fn serve_proxy(
                 Ok::<_, std::convert::Infallible>(resp)
             }
         });
-        let header_timeouts = header_timeouts.clone();
-        let Some((acceptor, builder)) = &tls else {
-            let conn = builder
+        let Some(acceptor) = &self.tls else {
+            let conn = self
+                .builder
                 .serve_connection(TokioIo::new(io), service)
                 .into_owned();
-            let conn = graceful.watch(conn);
-            serving.spawn(async move { connection_ended(conn.await, &header_timeouts, peer) });
-            continue;
+            connection_ended(watcher.watch(conn).await, &self.header_timeouts, peer);
+            return;
         };
-        let (handshake, builder) = (acceptor.accept(io), builder.clone());
-        let (watcher, failures) = (graceful.watcher(), handshake_failures.clone());
-        serving.spawn(async move {
-            let io = match tokio::time::timeout(timeouts.header_read, handshake).await {
-                Ok(Ok(io)) => io,
-                Ok(Err(e)) => {
-                    failures.inc();
-                    tracing::debug!(%peer, error = %e, "tls handshake failed");
-                    return;
-                }
-                Err(_) => {
-                    failures.inc();
-                    tracing::debug!(%peer, "tls handshake timed out");
-                    return;
-                }
-            };
-            let conn = builder
-                .serve_connection(TokioIo::new(io), service)
-                .into_owned();
-            connection_ended(watcher.watch(conn).await, &header_timeouts, peer);
-        });
+        let io = match tokio::time::timeout(self.timeouts.header_read, acceptor.accept(io)).await {
+            Ok(Ok(io)) => io,
+            Ok(Err(e)) => {
+                self.handshake_failures.inc();
+                tracing::debug!(%peer, error = %e, "tls handshake failed");
+                return;
+            }
+            Err(_) => {
+                self.handshake_failures.inc();
+                tracing::debug!(%peer, "tls handshake timed out");
+                return;
+            }
+        };
+        let conn = self
+            .builder
+            .serve_connection(TokioIo::new(io), service)
+            .into_owned();
+        connection_ended(watcher.watch(conn).await, &self.header_timeouts, peer);
     }
-    tracing::info!("shutting down: draining in-flight requests");
-    if tokio::time::timeout(DRAIN_TIMEOUT, graceful.shutdown())
-        .await
-        .is_err()
-    {
-        tracing::warn!("drain timed out; closing remaining connections");
-    }
-    Ok(())
 }
 
 /// Logs how a client connection ended; a head that did not arrive in time is counted in

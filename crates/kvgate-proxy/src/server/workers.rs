@@ -11,9 +11,12 @@
 use std::{future::Future, io, thread};
 
 use prometheus_client::metrics::counter::Counter;
-use tokio::{runtime::Handle, sync::oneshot};
+use tokio::{net::TcpStream, runtime::Handle, sync::oneshot};
 
-use crate::{Proxy, metrics::WorkerLabels};
+use crate::{
+    Proxy,
+    metrics::{ListenerLabels, WorkerLabels},
+};
 
 /// Where client connections are served: on the serving threads, or on the shared runtime
 /// (`serving_threads: 0`). Dropping it stops the threads, and with them the connections they
@@ -42,13 +45,17 @@ impl Serving {
         Workers::start(n, proxy).await.map(Serving::Threads)
     }
 
-    /// Serves one connection (`serve`, to its end).
-    pub(crate) fn spawn(&mut self, serve: impl Future<Output = ()> + Send + 'static) {
+    /// Serves one accepted connection: `serve(stream)`, to its end.
+    pub(crate) fn spawn<F, Fut>(&mut self, stream: TcpStream, serve: F)
+    where
+        F: FnOnce(TcpStream) -> Fut + Send + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
         match self {
-            Serving::Threads(workers) => workers.spawn(serve),
+            Serving::Threads(workers) => workers.spawn(stream, serve),
             Serving::Shared(accepted) => {
                 accepted.inc();
-                tokio::spawn(serve);
+                tokio::spawn(serve(stream));
             }
         }
     }
@@ -59,6 +66,9 @@ impl Serving {
 pub(crate) struct Workers {
     threads: Vec<Worker>,
     next: usize,
+    /// Connections closed because they could not be moved to their thread, counted with the
+    /// proxy listener's failed accepts (`kvgate_accept_errors_total{listener="proxy"}`).
+    hand_off_failures: Counter,
 }
 
 /// One serving thread: its runtime's handle, the switch that stops it, and its count of
@@ -78,17 +88,54 @@ impl Workers {
             threads.push(Worker::start(i, proxy).await?);
         }
         tracing::info!(threads = n, "serving connections on their own threads");
-        Ok(Workers { threads, next: 0 })
+        let hand_off_failures = proxy
+            .metrics
+            .accept_errors
+            .get_or_create(&ListenerLabels { listener: "proxy" })
+            .clone();
+        Ok(Workers {
+            threads,
+            next: 0,
+            hand_off_failures,
+        })
     }
 
-    /// Serves one connection (`serve`) on the next thread in turn.
-    fn spawn(&mut self, serve: impl Future<Output = ()> + Send + 'static) {
+    /// Serves one connection on the next thread in turn.
+    ///
+    /// The socket moves to that thread's reactor: registered with the accepting runtime's,
+    /// its every readiness would wake the serving thread from another thread (an event-fd
+    /// write and a second `epoll_wait` a request).
+    fn spawn<F, Fut>(&mut self, stream: TcpStream, serve: F)
+    where
+        F: FnOnce(TcpStream) -> Fut + Send + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
         let worker = &self.threads[self.next % self.threads.len()];
         self.next = self.next.wrapping_add(1);
         worker.accepted.inc();
+        let stream = match stream.into_std() {
+            Ok(stream) => stream,
+            Err(e) => return self.hand_off_failed(&e),
+        };
+        let failures = self.hand_off_failures.clone();
         // A stopped thread drops the connection with its runtime.
-        drop(worker.handle.spawn(serve));
+        drop(worker.handle.spawn(async move {
+            match TcpStream::from_std(stream) {
+                Ok(stream) => serve(stream).await,
+                Err(e) => hand_off_failed(&failures, &e),
+            }
+        }));
     }
+
+    fn hand_off_failed(&self, e: &io::Error) {
+        hand_off_failed(&self.hand_off_failures, e);
+    }
+}
+
+/// Counts and logs a connection closed because it could not be moved to its serving thread.
+fn hand_off_failed(failures: &Counter, e: &io::Error) {
+    failures.inc();
+    tracing::warn!(error = %e, "a connection could not be moved to its serving thread; closed");
 }
 
 impl Worker {

@@ -223,6 +223,78 @@ async fn recent_decisions_show_the_pick_and_its_scores() {
     }
 }
 
+/// A connection handed to a serving thread is served by that thread alone: with the runtime
+/// that accepted it blocked, the next request on it is still answered. (Registered with the
+/// accepting runtime's reactor, its socket's readiness could only reach the serving thread
+/// through that runtime.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handed_off_connection_does_not_need_the_accepting_runtime() {
+    let mut spy = Spy::start(Behavior::Json(r#"{"ok":true}"#.into())).await;
+    let config = ProxyConfig {
+        serving_threads: 1,
+        ..config(&[spy.url()])
+    };
+    let (started_tx, started) = tokio::sync::oneshot::channel();
+    let (freeze_tx, freeze) = tokio::sync::oneshot::channel::<std::sync::mpsc::Receiver<()>>();
+    let (frozen_tx, frozen) = tokio::sync::oneshot::channel();
+    let accepting = std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async move {
+            let proxy = RunningProxy::start(config).await;
+            started_tx.send(proxy.addr).unwrap();
+            let thaw = freeze.await.unwrap();
+            frozen_tx.send(()).unwrap();
+            // Blocks this runtime (its accept loop, reactor and timers) until thawed.
+            let _ = thaw.recv();
+            proxy.stop().await.unwrap();
+        });
+    });
+    let addr = started.await.unwrap();
+    let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (mut sender, conn) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+            .await
+            .unwrap();
+    tokio::spawn(conn);
+    let mut ask = async |i: u32| {
+        let body = format!(r#"{{"model":"qwen","messages":[],"n":{i}}}"#);
+        let req = http::Request::post("/v1/chat/completions")
+            .header("host", addr.to_string())
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from(body.clone())))
+            .unwrap();
+        sender.ready().await.unwrap();
+        let resp = sender.send_request(req).await.unwrap();
+        assert_eq!(resp.status(), StatusCode::OK, "request {i}");
+        let answer = resp.into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(&answer[..], br#"{"ok":true}"#, "request {i}");
+        body
+    };
+    let first = ask(0).await;
+    assert_eq!(
+        spy.next_request().await.body,
+        first.replace("qwen", CANONICAL).as_bytes()
+    );
+
+    let (thaw_tx, thaw) = std::sync::mpsc::channel();
+    freeze_tx.send(thaw).unwrap();
+    frozen.await.unwrap();
+    // A guard against hanging on failure, not a timing assertion: unserved, it never ends
+    // (until the header-read timeout, 30 s, closes the connection).
+    let second = tokio::time::timeout(Duration::from_secs(20), ask(1))
+        .await
+        .expect("the request was not served while the accepting runtime was blocked");
+    assert_eq!(
+        spy.next_request().await.body,
+        second.replace("qwen", CANONICAL).as_bytes()
+    );
+    thaw_tx.send(()).unwrap();
+    accepting.join().unwrap();
+}
+
 /// Client connections are handed to the serving threads in turn, each counted in
 /// `kvgate_connections_accepted_total{worker}`, and every request on them is forwarded; with
 /// `serving_threads: 0` the shared runtime serves them all. Rows flip the thread count.
