@@ -14,7 +14,9 @@
 //! Each serving thread ([`crate::server`]) has its own share of the pool: a connection's task
 //! runs on the thread that opened it, and only requests on that thread take it again, so a
 //! request and the connection it goes out on never wake each other across threads. A thread
-//! with no idle connection of its own opens one rather than borrow another thread's.
+//! with no idle connection of its own opens one rather than borrow another thread's. Each
+//! share has its own lock on its own cache line, so the serving threads' check-outs and
+//! check-ins never contend for one lock or bounce one line between cores.
 
 use std::{
     collections::HashMap,
@@ -94,10 +96,21 @@ fn shard() -> usize {
     SHARD.with(std::cell::Cell::get)
 }
 
+/// How many shares have a lock of their own. Serving threads past this many share the
+/// locks (each still takes only its own connections).
+const SHARES: usize = 32;
+
+/// One share's idle connections behind its own lock, aligned to keep it off its
+/// neighbours' cache lines.
+#[repr(align(128))]
+#[derive(Default)]
+struct Share(Mutex<IdleMap>);
+
 /// What the pool's clones and its sweeper share.
 struct Inner {
-    /// Idle connections by authority (`host:port` as the endpoint's URL spells it).
-    idle: Mutex<IdleMap>,
+    /// Idle connections by authority (`host:port` as the endpoint's URL spells it), in the
+    /// share of `shard % SHARES`.
+    shares: Box<[Share]>,
     connect_timeout: Duration,
     idle_timeout: Duration,
     /// Whether the sweeper task runs (started with the first idle connection).
@@ -128,7 +141,7 @@ impl PlainPool {
     pub(crate) fn new(connect_timeout: Duration, idle_timeout: Duration) -> PlainPool {
         PlainPool {
             inner: Arc::new(Inner {
-                idle: Mutex::new(IdleMap::default()),
+                shares: (0..SHARES).map(|_| Share::default()).collect(),
                 connect_timeout,
                 idle_timeout,
                 sweeping: AtomicBool::new(false),
@@ -139,7 +152,9 @@ impl PlainPool {
 
     /// Idle connections in the pool, over every authority.
     pub(crate) fn idle_count(&self) -> usize {
-        self.inner.lock().values().map(Vec::len).sum()
+        (0..SHARES)
+            .map(|i| self.inner.lock(i).values().map(Vec::len).sum::<usize>())
+            .sum()
     }
 
     /// Connections open, idle or in use.
@@ -196,7 +211,7 @@ impl PlainPool {
     /// and not expired; the closed and expired ones found on the way are dropped.
     fn checkout(&self, authority: &Authority, shard: usize) -> Option<Sender> {
         let now = Instant::now();
-        let mut idle = self.inner.lock();
+        let mut idle = self.inner.lock(shard);
         let list = idle.get_mut(authority.as_str())?;
         while let Some(at) = list.iter().rposition(|e| e.shard == shard) {
             let entry = list.remove(at);
@@ -251,8 +266,12 @@ impl PlainPool {
 }
 
 impl Inner {
-    fn lock(&self) -> std::sync::MutexGuard<'_, IdleMap> {
-        self.idle.lock().unwrap_or_else(PoisonError::into_inner)
+    /// The idle connections of `shard`'s share.
+    fn lock(&self, shard: usize) -> std::sync::MutexGuard<'_, IdleMap> {
+        self.shares[shard % SHARES]
+            .0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Adds an idle connection to `shard`, and starts the sweeper with the first one.
@@ -262,7 +281,7 @@ impl Inner {
             since: Instant::now(),
             shard,
         };
-        let mut map = self.lock();
+        let mut map = self.lock(shard);
         match map.get_mut(authority.as_str()) {
             Some(list) => list.push(idle),
             None => {
@@ -278,13 +297,15 @@ impl Inner {
     /// Drops the closed and expired idle connections (and authorities left with none).
     fn sweep_now(&self) {
         let now = Instant::now();
-        let mut idle = self.lock();
-        for list in idle.values_mut() {
-            list.retain(|e| {
-                !e.sender.is_closed() && now.duration_since(e.since) < self.idle_timeout
-            });
+        for share in 0..SHARES {
+            let mut idle = self.lock(share);
+            for list in idle.values_mut() {
+                list.retain(|e| {
+                    !e.sender.is_closed() && now.duration_since(e.since) < self.idle_timeout
+                });
+            }
+            idle.retain(|_, list| !list.is_empty());
         }
-        idle.retain(|_, list| !list.is_empty());
     }
 }
 
