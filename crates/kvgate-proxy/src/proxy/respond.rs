@@ -354,6 +354,8 @@ fn connection_named(headers: &HeaderMap) -> Vec<HeaderName> {
     headers
         .get_all(header::CONNECTION)
         .iter()
+        // Most `Connection`s are a lone `keep-alive`, which is hop-by-hop already.
+        .filter(|v| !v.as_bytes().eq_ignore_ascii_case(b"keep-alive"))
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
         .map(str::trim)

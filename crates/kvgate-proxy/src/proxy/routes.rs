@@ -135,12 +135,14 @@ fn check_json(headers: &HeaderMap) -> Result<(), Refusal> {
     let Some(value) = headers.get(header::CONTENT_TYPE) else {
         return Ok(());
     };
-    let sent = String::from_utf8_lossy(value.as_bytes());
-    let media = sent.split(';').next().unwrap_or("").trim();
-    if media.eq_ignore_ascii_case("application/json") {
+    let sent = value.as_bytes();
+    let media = sent.split(|b| *b == b';').next().unwrap_or_default();
+    if media.trim_ascii().eq_ignore_ascii_case(b"application/json") {
         Ok(())
     } else {
-        Err(Refusal::UnsupportedMediaType(sent.into_owned()))
+        Err(Refusal::UnsupportedMediaType(
+            String::from_utf8_lossy(sent).into_owned(),
+        ))
     }
 }
 
@@ -254,6 +256,7 @@ mod tests {
             None,
             Some("application/json"),
             Some("Application/JSON; charset=utf-8"),
+            Some("application/json\t ;charset=utf-8"),
         ];
         for ct in accepted {
             assert!(with(ct).is_ok(), "{ct:?}");
@@ -265,6 +268,18 @@ mod tests {
                 "{ct}"
             );
         }
+        // Not text: refused, the type quoted with the bad byte replaced.
+        let mut h = HeaderMap::new();
+        h.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_bytes(b"application/json\xff").unwrap(),
+        );
+        assert_eq!(
+            resolve(&Method::POST, "/v1/completions", &h),
+            Err(Refusal::UnsupportedMediaType(
+                "application/json\u{fffd}".into()
+            ))
+        );
         // GET routes have no body to check.
         let mut h = HeaderMap::new();
         h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain"));
