@@ -169,9 +169,13 @@ impl Hasher for KeyHasher {
     fn write_u64(&mut self, v: u64) {
         self.0 ^= v;
     }
+
+    fn write_u32(&mut self, v: u32) {
+        self.0 ^= u64::from(v);
+    }
 }
 
-/// [`KeyHasher`] for maps keyed by block keys or engine hashes.
+/// [`KeyHasher`] for maps keyed by block keys, engine hashes or endpoint ids.
 pub type BuildKeyHasher = BuildHasherDefault<KeyHasher>;
 
 /// Handle to the shared index; clones are cheap and refer to the same index.
@@ -183,7 +187,8 @@ pub struct KvIndex {
 #[derive(Debug)]
 pub(crate) struct Inner {
     pub(crate) blocks: BlockStore,
-    endpoints: scc::HashMap<u32, Arc<EndpointSlot>>,
+    /// By endpoint id: every scoring cycle reads one entry per candidate.
+    endpoints: scc::HashMap<u32, Arc<EndpointSlot>, BuildKeyHasher>,
     by_key: scc::HashMap<EndpointKey, u32>,
     next_id: AtomicU32,
     /// Speculative insertions in deadline order: (deadline, endpoint, key).
@@ -209,6 +214,9 @@ pub(crate) struct EndpointSlot {
     pub(crate) unconfirmed: AtomicBool,
     /// The event stream's connection and sequence state (admin page).
     pub(crate) stream: stream::StreamStatus,
+    /// `state`'s count of real holdings, published by its writer after each change so
+    /// that scoring reads it without the lock.
+    pub(crate) live: AtomicUsize,
     pub(crate) state: Mutex<EndpointState>,
 }
 
@@ -268,6 +276,7 @@ impl KvIndex {
                     degraded: AtomicBool::new(false),
                     unconfirmed: AtomicBool::new(false),
                     stream: stream::StreamStatus::default(),
+                    live: AtomicUsize::new(0),
                     state: Mutex::new(EndpointState::new(capacity)),
                     spec,
                 };
@@ -448,9 +457,12 @@ impl KvIndex {
         removed
     }
 
-    /// Real holdings of one endpoint.
+    /// Real holdings of one endpoint: one map read, no lock and no reference count.
     pub fn holdings(&self, id: EndpointId) -> usize {
-        self.slot(id).map_or(0, |s| s.lock().live)
+        self.inner
+            .endpoints
+            .read_sync(&id.0, |_, s| s.live.load(Ordering::Relaxed))
+            .unwrap_or(0)
     }
 
     /// The (key, tier) holdings of one endpoint, sorted (debugging and tests; O(holdings)).

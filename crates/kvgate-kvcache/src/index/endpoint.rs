@@ -84,7 +84,7 @@ pub(crate) fn add_holding(
     st.ring.record(key, added, engine);
     if added {
         st.live += 1;
-        slot.metrics.holdings.inc();
+        publish_live(slot, st);
     }
     added
 }
@@ -120,7 +120,7 @@ pub(crate) fn remove_holding(
     });
     if removed {
         st.live = st.live.saturating_sub(1);
-        slot.metrics.holdings.dec();
+        publish_live(slot, st);
     }
     maybe_compact(blocks, slot, st);
     (removed, still_held)
@@ -183,12 +183,23 @@ pub(crate) fn evict_to_capacity(blocks: &BlockStore, slot: &EndpointSlot, st: &m
         }
         let n = remove_all_on_key(blocks, ep, key);
         st.live = st.live.saturating_sub(n);
-        slot.metrics.holdings.dec_by(n as i64);
+        publish_live(slot, st);
     }
     if st.live > st.capacity {
         // Only reachable when the queue lost track of holdings; resynchronize.
         st.live = st.live.min(st.ring.len());
+        publish_live(slot, st);
     }
+}
+
+/// Publishes `st.live` (its writer holds the state lock) to the lock-free readers: the
+/// slot's copy and the holdings gauge.
+fn publish_live(slot: &EndpointSlot, st: &EndpointState) {
+    slot.live
+        .store(st.live, std::sync::atomic::Ordering::Relaxed);
+    slot.metrics
+        .holdings
+        .set(i64::try_from(st.live).unwrap_or(i64::MAX));
 }
 
 /// Rebuilds the CLOCK queue when stale entries dominate it.
@@ -208,5 +219,5 @@ pub(crate) fn drop_all(blocks: &BlockStore, slot: &EndpointSlot, st: &mut Endpoi
     }
     st.live = 0;
     st.ignored_groups = 0;
-    slot.metrics.holdings.set(0);
+    publish_live(slot, st);
 }
