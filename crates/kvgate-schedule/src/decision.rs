@@ -147,8 +147,12 @@ impl Decision {
             .iter()
             .enumerate()
             .map(|(i, r)| {
-                // The expected hit: the prediction × the share the engine recently realized.
-                let share = r.picked().load().realized_share;
+                // The expected hit: the prediction × the share the engine recently realized
+                // (as the run read it).
+                let share = r
+                    .loads
+                    .get(r.picked_index)
+                    .map_or_else(|| r.picked().load().realized_share, |l| l.realized_share);
                 let cached = (r.predicted_cached_tokens.unwrap_or(0) as f64 * share) as u64;
                 let uncached = prompt.saturating_sub(cached);
                 let tokens = if i == primary && remote_prefill {

@@ -474,6 +474,14 @@ impl EndpointState {
         self.metrics.load_full()
     }
 
+    /// The KV cache's size in tokens from the last scrape that gave it, however old (it
+    /// does not change while the engine runs); read without taking a reference.
+    pub fn kv_capacity_tokens(&self) -> Option<u64> {
+        let guard = self.metrics.load();
+        let m = &guard.as_ref()?.metrics;
+        Some(m.num_blocks? * u64::from(m.block_size?))
+    }
+
     /// Age of the last successful scrape at `now`.
     pub fn metrics_age(&self, now: Instant) -> Option<Duration> {
         self.metrics

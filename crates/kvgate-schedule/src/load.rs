@@ -190,12 +190,12 @@ impl Default for LoadSnapshot {
 }
 
 impl EndpointLoad {
-    pub(crate) fn snapshot(&self) -> LoadSnapshot {
+    pub(crate) fn snapshot(&self, now: Instant) -> LoadSnapshot {
         let clock = self
             .clock
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .view(Instant::now());
+            .view(now);
         LoadSnapshot {
             requests: self.requests.load(Ordering::Relaxed),
             uncached_tokens: self.uncached_tokens.load(Ordering::Relaxed),
@@ -431,7 +431,13 @@ impl EndpointState {
 
     /// The router-side load counters now.
     pub fn load(&self) -> LoadSnapshot {
-        self.load.snapshot()
+        self.load.snapshot(Instant::now())
+    }
+
+    /// The router-side load counters, the prefill clock read at `now` (a scheduling cycle
+    /// reads every candidate at its own `now`, not the clock once per candidate).
+    pub fn load_at(&self, now: Instant) -> LoadSnapshot {
+        self.load.snapshot(now)
     }
 
     /// How many of the first `blocks` of `keys` requests in flight here pin (0 when the

@@ -308,7 +308,8 @@ fn run_profile(
             .collect();
     }
     let n = view.len();
-    let loads = view.iter().map(|e| e.load()).collect();
+    let now = cycle.now();
+    let loads = view.iter().map(|e| e.load_at(now)).collect();
     let columns = profile.scorers.len();
     // One buffer: the raw scores, then one scorer's column of scratch (cut off after).
     let mut raw = vec![0.0; n * (columns + 1)];

@@ -73,6 +73,25 @@ fn busy_period_counts_finished_prefill_until_idle() {
     assert_eq!(e.load().prefill_done_tokens, 0, "a new period");
 }
 
+/// A snapshot reads the busy period at the `now` it is given, so one cycle reads every
+/// candidate at the same instant: later instants see a longer period, an instant before the
+/// period began sees none.
+#[test]
+fn load_at_reads_the_busy_period_at_the_given_instant() {
+    let e = endpoint("http://h:1", &[]);
+    let before = std::time::Instant::now();
+    let _g = e.begin_request(300, 300);
+    let at = std::time::Instant::now() + std::time::Duration::from_secs(2);
+    let later = at + std::time::Duration::from_secs(3);
+    let (a, b) = (
+        e.load_at(at).prefill_busy_s,
+        e.load_at(later).prefill_busy_s,
+    );
+    assert!(a >= 2.0, "{a}");
+    assert!((b - a - 3.0).abs() < 1e-6, "{a} then {b}");
+    assert_eq!(e.load_at(before).prefill_busy_s, 0.0);
+}
+
 #[test]
 fn pick_stamps_order_picks() {
     let a = endpoint("http://a:1", &[]);

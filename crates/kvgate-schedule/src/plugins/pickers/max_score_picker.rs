@@ -14,6 +14,7 @@
 //! ```
 
 use serde::Deserialize;
+use smallvec::SmallVec;
 
 use crate::cycle::CycleState;
 use crate::error::SchedulerConfigError;
@@ -49,7 +50,9 @@ impl Picker for MaxScorePicker {
             .copied()
             .filter(|t| !t.is_nan())
             .fold(f64::NEG_INFINITY, f64::max);
-        let mut tied: Vec<usize> = (0..totals.len()).filter(|i| totals[*i] == best).collect();
+        // On the stack for up to 16 tied candidates: no allocation a cycle.
+        let mut tied: SmallVec<[usize; 16]> =
+            (0..totals.len()).filter(|i| totals[*i] == best).collect();
         if tied.is_empty() {
             return (!totals.is_empty()).then_some(0);
         }

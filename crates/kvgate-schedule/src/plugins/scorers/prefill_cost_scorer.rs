@@ -138,7 +138,7 @@ use crate::plugins::{Registration, build};
 use kvgate_kvcache::KvIndex;
 
 /// Candidates a cycle's per-candidate scratch holds without a heap allocation.
-const INLINE: usize = 8;
+const INLINE: usize = 16;
 
 /// Parameters of `prefill-cost-scorer`.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -333,7 +333,8 @@ impl Scorer for PrefillCostScorer {
         // On the stack for fleets of up to `INLINE` candidates: no allocation a cycle.
         let mut tiers: SmallVec<[Tier; INLINE]> = SmallVec::with_capacity(candidates.len());
         let mut spare: SmallVec<[bool; INLINE]> = SmallVec::with_capacity(candidates.len());
-        let loads: SmallVec<[LoadSnapshot; INLINE]> = candidates.iter().map(|e| e.load()).collect();
+        let loads: SmallVec<[LoadSnapshot; INLINE]> =
+            candidates.iter().map(|e| e.load_at(now)).collect();
         let in_flight: u64 = loads.iter().map(|l| l.requests).sum();
         let share = demand_share(
             self.peak.observe(now, in_flight),
@@ -347,14 +348,11 @@ impl Scorer for PrefillCostScorer {
                 m.fresh().map_or((None, None), |m| (m.waiting, m.running))
             });
             // Capacity does not change with time: any scrape will do, however old.
-            let capacity = e.metrics_snapshot().and_then(|s| {
-                let m = &s.metrics;
-                Some(m.num_blocks? * u64::from(m.block_size?))
-            });
+            let capacity = e.kv_capacity_tokens();
             let cached = prefix.map_or(0, |p| p.predicted_tokens(e.kv_id()));
-            let keys = cycle
-                .computed_block_keys(e.index_block_size())
-                .filter(|_| cached > 0);
+            let keys = (cached > 0)
+                .then(|| cycle.computed_block_keys(e.index_block_size()))
+                .flatten();
             let hit_blocks = keys.as_ref().map_or(0, |keys| {
                 let block = u64::from(keys.block_size.max(1));
                 usize::try_from(cached / block)
