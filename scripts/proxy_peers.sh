@@ -41,8 +41,12 @@
 # so no two bodies are equal: what a router's caches of whole requests cannot serve. hey
 # keeps sending the one body.
 #
+# With --engines N, the engine answers on N ports (still one nginx worker) and every router is
+# given all N as its fleet: what a router's per-request work costs as the fleet grows (scoring
+# every candidate, for one). direct and the bare proxies use the first port only.
+#
 # Usage: scripts/proxy_peers.sh [--rounds N] [--duration S] [--targets a,b,...] [--out DIR]
-#        [--instructions N] [--unique]
+#        [--instructions N] [--unique] [--engines N]
 # Env: KVGATE_BIN (default target/release/kvgate), PEERS_VENV (default
 #   ~/.cache/kvgate-peers-venv; created with vllm-router==0.1.17 sglang-router==0.3.2 when
 #   missing), KVGATE_TOKENIZER (default testdata/tokenizers/qwen3), BARE_PROXY_BIN (default
@@ -53,7 +57,7 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
 
-ROUNDS=2 DURATION=6 OUT=proxy-peers-out INSTRUCTIONS=0 UNIQUE=0
+ROUNDS=2 DURATION=6 OUT=proxy-peers-out INSTRUCTIONS=0 UNIQUE=0 ENGINES=1
 TARGETS=(direct vllm-rr smg-rr smg-cache kvgate kvgate-tok)
 while (($#)); do
   case $1 in
@@ -63,7 +67,8 @@ while (($#)); do
     --out) OUT=$2; shift 2 ;;
     --instructions) INSTRUCTIONS=$2; shift 2 ;;
     --unique) UNIQUE=1; shift ;;
-    -h|--help) sed -n '2,48p' "$0"; exit 0 ;;
+    --engines) ENGINES=$2; shift 2 ;;
+    -h|--help) sed -n '2,55p' "$0"; exit 0 ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -74,6 +79,7 @@ PEERS_VENV=${PEERS_VENV:-$HOME/.cache/kvgate-peers-venv}
 TOKENIZER_DIR=${KVGATE_TOKENIZER:-testdata/tokenizers/qwen3}
 MODEL=Qwen/Qwen3-0.6B
 die() { echo "proxy_peers: $*" >&2; exit 1; }
+[[ $ENGINES =~ ^[1-9][0-9]*$ ]] || die "--engines takes a positive count, not '$ENGINES'"
 ((INSTRUCTIONS == 0)) || command -v valgrind >/dev/null || die "valgrind missing (apt-get install valgrind)"
 for tool in nginx wrk hey curl python3; do
   command -v "$tool" >/dev/null || [[ -x /usr/sbin/$tool ]] || die "$tool missing (apt-get install nginx-light wrk hey)"
@@ -144,8 +150,13 @@ if $UNIQUE == 1 then
 end
 EOF
 
-# The engine: nginx, one worker, a fixed completion for every path.
-ENGINE_PORT=$(free_port)
+# The engine: nginx, one worker, a fixed completion for every path, on ENGINES ports.
+ENGINE_PORTS=()
+while ((${#ENGINE_PORTS[@]} < ENGINES)); do
+  p=$(free_port)
+  [[ " ${ENGINE_PORTS[*]} " == *" $p "* ]] || ENGINE_PORTS+=("$p")
+done
+ENGINE_PORT=${ENGINE_PORTS[0]}
 COMPLETION='{"id":"chatcmpl-0","object":"chat.completion","created":0,"model":"'$MODEL'","choices":[{"index":0,"message":{"role":"assistant","content":"A router that keeps prefixes together."},"finish_reason":"stop"}],"usage":{"prompt_tokens":520,"completion_tokens":8,"total_tokens":528}}'
 # An nginx config: one worker, no access log, temp files in $WORK; $2 goes inside http { }.
 nginx_conf() { # NAME HTTP_BLOCKS
@@ -168,14 +179,19 @@ $2
 EOC
 }
 nginx_conf nginx "  server {
-    listen 127.0.0.1:$ENGINE_PORT;
+$(for p in "${ENGINE_PORTS[@]}"; do echo "    listen 127.0.0.1:$p;"; done)
     location / { default_type application/json; return 200 '$COMPLETION'; }
   }" >"$WORK/nginx.conf"
 "$NGINX" -p "$WORK" -c "$WORK/nginx.conf" >"$OUT/logs/nginx.log" 2>&1 &
 NGINX_PID=$!
 PIDS+=("$NGINX_PID")
 ENGINE="http://127.0.0.1:$ENGINE_PORT"
-wait_http "$ENGINE/health" "$NGINX_PID" nginx
+ENGINE_URLS=()
+for p in "${ENGINE_PORTS[@]}"; do ENGINE_URLS+=("http://127.0.0.1:$p"); done
+wait_http "${ENGINE_URLS[-1]}/health" "$NGINX_PID" nginx
+# The fleet as kvgate's arguments: --endpoint URL,model=M for each engine port.
+KVGATE_FLEET=()
+for u in "${ENGINE_URLS[@]}"; do KVGATE_FLEET+=(--endpoint "$u,model=$MODEL"); done
 
 # CPU ticks (user + system) of the target's process and its direct children; empty for direct.
 cpu_ticks() {
@@ -198,7 +214,10 @@ start_target() { # NAME -> sets URL, TPID
     direct) URL=$ENGINE; TPID=$NGINX_PID; return 0 ;;
     nginx-proxy)
       ((INSTRUCTIONS == 0)) || die "nginx-proxy has no instruction count (run it without --instructions)"
-      nginx_conf nginx-proxy "  upstream engine { server 127.0.0.1:$ENGINE_PORT; keepalive 64; }
+      nginx_conf nginx-proxy "  upstream engine {
+$(for p in "${ENGINE_PORTS[@]}"; do echo "    server 127.0.0.1:$p;"; done)
+    keepalive 64;
+  }
   server {
     listen 127.0.0.1:$port;
     location / {
@@ -212,21 +231,23 @@ start_target() { # NAME -> sets URL, TPID
     vllm-rr)
       "${wrap[@]}" "$PEERS_VENV/bin/python3" "$PEERS_VENV/bin/vllm-router" --host 127.0.0.1 \
         --port "$port" --prometheus-host 127.0.0.1 --prometheus-port "$prom" \
-        --worker-urls "$ENGINE" --policy round_robin --log-level warning >"$logf" 2>&1 & ;;
+        --worker-urls "${ENGINE_URLS[@]}" --policy round_robin --log-level warning >"$logf" 2>&1 & ;;
     smg-rr|smg-cache)
       local policy=round_robin
       [[ $name == smg-cache ]] && policy=cache_aware
       "${wrap[@]}" "$PEERS_VENV/bin/python3" "$PEERS_VENV/bin/smg" launch --host 127.0.0.1 \
         --port "$port" --prometheus-host 127.0.0.1 --prometheus-port "$prom" \
-        --worker-urls "$ENGINE" --policy "$policy" --log-level warn >"$logf" 2>&1 & ;;
+        --worker-urls "${ENGINE_URLS[@]}" --policy "$policy" --log-level warn >"$logf" 2>&1 & ;;
     kvgate)
       env KVGATE_LOG=warn "${wrap[@]}" "$KVGATE" serve --listen "127.0.0.1:$port" \
-        --admin-listen "127.0.0.1:$prom" --endpoint "$ENGINE,model=$MODEL" >"$logf" 2>&1 & ;;
+        --admin-listen "127.0.0.1:$prom" "${KVGATE_FLEET[@]}" >"$logf" 2>&1 & ;;
     kvgate-tok)
-      # A KV-event endpoint where nothing publishes: precise mode, so every request is
+      # KV-event endpoints where nothing publishes: precise mode, so every request is
       # tokenized and looked up; the index stays empty.
+      local fleet=() u
+      for u in "${ENGINE_URLS[@]}"; do fleet+=(--endpoint "$u,model=$MODEL,kv=tcp://127.0.0.1:$(free_port)"); done
       env KVGATE_LOG=warn "${wrap[@]}" "$KVGATE" serve --listen "127.0.0.1:$port" \
-        --admin-listen "127.0.0.1:$prom" --endpoint "$ENGINE,model=$MODEL,kv=tcp://127.0.0.1:$(free_port)" \
+        --admin-listen "127.0.0.1:$prom" "${fleet[@]}" \
         --tokenizer "$MODEL=$TOKENIZER_DIR" >"$logf" 2>&1 & ;;
     hyper-bare)
       "${wrap[@]}" "$BARE" "127.0.0.1:$port" "$ENGINE" >"$logf" 2>&1 & ;;
@@ -295,7 +316,7 @@ RESULTS="$OUT/results.jsonl"
   echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ); host: $(uname -sr), $(nproc) cores; load before: $(cut -d' ' -f1-3 /proc/loadavg)"
   echo "kvgate: $KVGATE ($(git rev-parse --short HEAD)$(git diff --quiet || echo ', dirty tree'))"
   echo "peers: $("$PEERS_VENV/bin/python" -m pip list 2>/dev/null | awk '$1=="vllm-router"||$1=="sglang-router"{printf "%s==%s ", $1, $2}')"
-  echo "engine: nginx $("$NGINX" -v 2>&1 | sed 's|.*/||'), 1 worker, a fixed completion; body $BODY_BYTES bytes"
+  echo "engine: nginx $("$NGINX" -v 2>&1 | sed 's|.*/||'), 1 worker, a fixed completion, on $ENGINES port(s) (the routers' fleet); body $BODY_BYTES bytes"
   echo "load: wrk -t1 -c16 -d${DURATION}s --latency$( ((UNIQUE)) && echo ', a unique body per request'); hey -z ${DURATION}s at 500 req/s, -c 1 -q 500 (evenly spaced) and -c 10 -q 50 (bursts of 10); $ROUNDS rounds, round 2 reversed"
 } >"$OUT/meta.txt"
 cat "$OUT/meta.txt"
