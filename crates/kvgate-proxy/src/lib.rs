@@ -13,6 +13,8 @@
 //! - [`models`]: model discovery and kvgate's own `GET /v1/models`.
 //! - [`admission`]: admission and flow control (in-flight limits, the priority/fairness
 //!   queue, 429s) and the permits that hold a request's slots.
+//! - `coarse_timer`: per-thread timer slabs fired by one thread each 20 ms, for the
+//!   per-request deadlines that almost never fire (header read, first byte).
 //! - [`error`]: [`ProxyError`] → status, JSON body, metric reason.
 //! - [`loopback`]: [`loopback::RunningProxy`], a proxy on loopback ports in this process
 //!   (tests and `kvgate demo`).
@@ -30,6 +32,7 @@ mod admin;
 pub mod admission;
 pub mod body;
 pub mod budget;
+mod coarse_timer;
 pub mod config;
 pub mod decision_log;
 pub mod error;

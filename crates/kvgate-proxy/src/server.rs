@@ -8,7 +8,7 @@ use std::{future::Future, io, net::SocketAddr, sync::Arc, time::Duration};
 use http_body_util::BodyExt;
 use hyper::service::service_fn;
 use hyper_util::{
-    rt::{TokioExecutor, TokioIo, TokioTimer},
+    rt::{TokioExecutor, TokioIo},
     server::{
         conn::auto,
         graceful::{GracefulShutdown, Watcher},
@@ -20,6 +20,7 @@ use tokio_rustls::TlsAcceptor;
 
 use crate::{
     Proxy,
+    coarse_timer::{self, CoarseTimer},
     metrics::{ListenerLabels, PhaseLabels},
 };
 
@@ -91,11 +92,12 @@ async fn serve_proxy(
 ) -> io::Result<()> {
     // Dropped when this function ends (after the drain) or is dropped: the threads stop.
     let mut serving = Serving::start(&proxy).await?;
+    coarse_timer::start()?;
     let timeouts = proxy.config.timeouts;
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder
         .http1()
-        .timer(TokioTimer::new())
+        .timer(CoarseTimer)
         .header_read_timeout(timeouts.header_read);
     let tls = proxy.listener_tls.clone().map(TlsAcceptor::from);
     let phase = |phase| {

@@ -31,6 +31,7 @@ use super::{
 use crate::{
     admission::{Held, HeldBody},
     body::{ProxyBody, RequestGuard, full},
+    coarse_timer,
     error::{Origin, ProxyError},
     metrics::{EndpointLabels, ErrorLabels},
     otel::{Decided, RequestSpan, TRACEPARENT},
@@ -310,7 +311,7 @@ impl Proxy {
                 })
             }
         };
-        match tokio::time::timeout(timeout, sent).await {
+        match coarse_timer::timeout(timeout, sent).await {
             Err(_) => Err(AttemptError::Fatal({
                 self.metrics.timed_out("first_byte");
                 ProxyError::UpstreamTimeout {

@@ -186,3 +186,110 @@ async fn an_engine_stalling_between_chunks_ends_the_stream() {
     assert!(!seen.contains("[DONE]"), "{seen}");
     assert_eq!(timeouts_of(&metrics(&proxy).await, "stream_idle"), 1);
 }
+
+/// Sends `req` one byte every 10 ms on a fresh connection (a head of ~120 bytes takes over a
+/// second), reading whatever comes back; returns it once kvgate closes the connection.
+async fn trickle(proxy: &RunningProxy, req: &str) -> String {
+    let mut stream = TcpStream::connect(proxy.addr).await.unwrap();
+    let mut got = Vec::new();
+    let closed = tokio::time::timeout(DEADLINE, async {
+        let mut buf = [0u8; 4096];
+        let mut bytes = req.as_bytes().iter();
+        loop {
+            if let Some(b) = bytes.next()
+                && stream.write_all(&[*b]).await.is_err()
+            {
+                break;
+            }
+            tokio::select! {
+                r = stream.read(&mut buf) => match r {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => got.extend_from_slice(&buf[..n]),
+                },
+                () = tokio::time::sleep(Duration::from_millis(10)) => {}
+            }
+        }
+    })
+    .await;
+    assert!(closed.is_ok(), "connection still open after {DEADLINE:?}");
+    String::from_utf8_lossy(&got).into_owned()
+}
+
+/// Waits (up to [`DEADLINE`]) until `phase` has counted at least `n` timeouts.
+async fn await_timeouts(proxy: &RunningProxy, phase: &str, n: u64) {
+    let counted = tokio::time::timeout(DEADLINE, async {
+        while timeouts_of(&metrics(proxy).await, phase) < n {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    assert!(counted.is_ok(), "{phase} timeouts never reached {n}");
+}
+
+const TRICKLED: &str = "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 13\r\nconnection: close\r\n\r\n{\"model\":\"m\"}";
+
+/// The same trickled request under two header-read timeouts: longer than the trickle, it is
+/// answered; shorter, the connection is closed before the head is whole, and counted. The
+/// idle timeout is long in both, so only the header-read timer can close it.
+#[tokio::test]
+async fn a_head_slower_than_header_read_is_cut_off() {
+    let spy = Spy::start(Behavior::Json(r#"{"id":"x"}"#.into())).await;
+    for (header_read, answered) in [(Duration::from_secs(8), true), (ms(300), false)] {
+        let mut c = config(&[spy.url()]);
+        c.timeouts.idle = Duration::from_secs(60);
+        c.timeouts.header_read = header_read;
+        let proxy = RunningProxy::start(c).await;
+        let got = trickle(&proxy, TRICKLED).await;
+        if answered {
+            assert!(got.starts_with("HTTP/1.1 200"), "{header_read:?}: {got}");
+            assert_eq!(timeouts_of(&metrics(&proxy).await, "header_read"), 0);
+        } else {
+            assert!(!got.contains("200 OK"), "{header_read:?}: {got}");
+            await_timeouts(&proxy, "header_read", 1).await;
+        }
+    }
+}
+
+/// The header-read timer starts again when a keep-alive connection waits for its next
+/// head: a second head trickled past it is cut off after the first request was answered.
+#[tokio::test]
+async fn the_next_head_on_a_keep_alive_connection_is_timed_too() {
+    let spy = Spy::start(Behavior::Json(r#"{"id":"x"}"#.into())).await;
+    let mut c = config(&[spy.url()]);
+    c.timeouts.idle = Duration::from_secs(60);
+    c.timeouts.header_read = ms(300);
+    let proxy = RunningProxy::start(c).await;
+    let mut stream = TcpStream::connect(proxy.addr).await.unwrap();
+    let first = TRICKLED.replace("connection: close", "connection: keep-alive");
+    stream.write_all(first.as_bytes()).await.unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !got.ends_with(br#"{"id":"x"}"#) {
+        let n = tokio::time::timeout(DEADLINE, stream.read(&mut buf))
+            .await
+            .expect("no answer to the first request")
+            .unwrap();
+        assert!(n > 0, "closed before the first answer");
+        got.extend_from_slice(&buf[..n]);
+    }
+    assert!(got.starts_with(b"HTTP/1.1 200"));
+    let closed = tokio::time::timeout(DEADLINE, async {
+        let head = b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nx-slow: ";
+        for b in head.iter().chain(std::iter::repeat(&b'a')) {
+            if stream.write_all(&[*b]).await.is_err() {
+                return;
+            }
+            tokio::select! {
+                r = stream.read(&mut buf) => if matches!(r, Ok(0) | Err(_)) { return },
+                () = tokio::time::sleep(Duration::from_millis(10)) => {}
+            }
+        }
+    })
+    .await;
+    assert!(closed.is_ok(), "the second head was never cut off");
+    await_timeouts(&proxy, "header_read", 1).await;
+}
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
