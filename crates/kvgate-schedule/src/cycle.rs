@@ -7,6 +7,8 @@ use std::time::Instant;
 
 use kvgate_kvcache::{BlockKeys, EndpointId, KeyScope, MmSpan, block_keys_with_mm};
 use kvgate_request::SealedRequest;
+
+use crate::LoadSnapshot;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
@@ -128,6 +130,8 @@ pub struct CycleState {
     keys: Vec<(u32, Arc<BlockKeys>)>,
     prefix: Option<PrefixMatch>,
     tie_break: Option<Vec<TieKey>>,
+    /// The current profile run's candidates' loads at `now`, in candidate order.
+    loads: Vec<LoadSnapshot>,
     rng: SmallRng,
 }
 
@@ -148,6 +152,7 @@ impl CycleState {
             keys: Vec::new(),
             prefix: None,
             tie_break: None,
+            loads: Vec::new(),
             rng: SmallRng::from_rng(&mut rand::rng()),
         }
     }
@@ -215,6 +220,23 @@ impl CycleState {
             .first()
             .and_then(|(_, k)| k.keys.first())
             .map(|k| k.0)
+    }
+
+    /// The loads the current profile run read from its candidates at [`now`](Self::now), in
+    /// candidate order, once for every scorer; empty outside a run (a scorer called
+    /// directly reads its candidates' loads itself).
+    pub fn loads(&self) -> &[LoadSnapshot] {
+        &self.loads
+    }
+
+    /// Sets the current profile run's candidates' loads (the run does, before its scorers).
+    pub(crate) fn set_loads(&mut self, loads: Vec<LoadSnapshot>) {
+        self.loads = loads;
+    }
+
+    /// Takes back the loads [`set_loads`](Self::set_loads) gave.
+    pub(crate) fn take_loads(&mut self) -> Vec<LoadSnapshot> {
+        std::mem::take(&mut self.loads)
     }
 
     /// The prefix match recorded by a prefix scorer in the current profile run.

@@ -309,7 +309,8 @@ fn run_profile(
     }
     let n = view.len();
     let now = cycle.now();
-    let loads = view.iter().map(|e| e.load_at(now)).collect();
+    // Read once here for every scorer (through the cycle) and for the decision.
+    cycle.set_loads(view.iter().map(|e| e.load_at(now)).collect());
     let columns = profile.scorers.len();
     // One buffer: the raw scores, then one scorer's column of scratch (cut off after).
     let mut raw = vec![0.0; n * (columns + 1)];
@@ -330,6 +331,7 @@ fn run_profile(
         }
     }
     raw.truncate(n * columns);
+    let loads = cycle.take_loads();
     let (pname, picker) = &profile.picker;
     let Some(pick) = picker.pick(cycle, &totals).filter(|i| *i < n) else {
         return Err(ScheduleError::NoPick {

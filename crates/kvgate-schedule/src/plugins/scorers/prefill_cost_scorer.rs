@@ -333,8 +333,13 @@ impl Scorer for PrefillCostScorer {
         // On the stack for fleets of up to `INLINE` candidates: no allocation a cycle.
         let mut tiers: SmallVec<[Tier; INLINE]> = SmallVec::with_capacity(candidates.len());
         let mut spare: SmallVec<[bool; INLINE]> = SmallVec::with_capacity(candidates.len());
-        let loads: SmallVec<[LoadSnapshot; INLINE]> =
-            candidates.iter().map(|e| e.load_at(now)).collect();
+        // The run's snapshots when it gave them (every scorer sees the same loads), else
+        // read here.
+        let loads: SmallVec<[LoadSnapshot; INLINE]> = if cycle.loads().len() == candidates.len() {
+            SmallVec::from_slice(cycle.loads())
+        } else {
+            candidates.iter().map(|e| e.load_at(now)).collect()
+        };
         let in_flight: u64 = loads.iter().map(|l| l.requests).sum();
         let share = demand_share(
             self.peak.observe(now, in_flight),

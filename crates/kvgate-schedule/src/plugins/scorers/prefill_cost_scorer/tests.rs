@@ -382,6 +382,38 @@ fn scores_relative_to_the_cheapest() {
     assert_eq!(out, vec![0.4, 1.0]);
 }
 
+/// Inside a run the scorer costs the loads the run read (through the cycle), not loads of
+/// its own: here they say the reverse of the endpoints' own, and the scores follow them.
+/// Outside a run (no loads given, or a count that does not match) it reads its own.
+#[test]
+fn the_run_s_loads_are_the_ones_costed() {
+    let s = scorer(false, true);
+    let eps = [ep("a:1"), ep("b:1").load(1, 200)];
+    let (built, mut cycle) = setup(&eps, facts_with_prompt(1000));
+    let refs: Vec<&EndpointState> = built.iter().map(|e| &**e).collect();
+    let mut out = vec![0.0; 2];
+    let own = vec![1.0, 1000.0 / 1200.0];
+    let given = vec![1000.0 / 1200.0, 1.0];
+    let rows = [
+        ("no loads given", vec![], own.clone()),
+        (
+            "a count that does not match",
+            vec![LoadSnapshot::default()],
+            own,
+        ),
+        (
+            "the run's loads",
+            vec![load(1, 1, 200), LoadSnapshot::default()],
+            given,
+        ),
+    ];
+    for (name, loads, want) in rows {
+        cycle.set_loads(loads);
+        assert_eq!(s.score(&mut cycle, &refs, &mut out), ScoreOutcome::Scored);
+        assert_eq!(out, want, "{name}");
+    }
+}
+
 #[test]
 fn stale_metrics_are_not_read() {
     let s = scorer(false, true);
