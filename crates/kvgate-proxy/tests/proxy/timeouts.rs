@@ -73,27 +73,9 @@ async fn a_trickled_upload_gets_408() {
     let head = "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 100000\r\n\r\n";
     stream.write_all(head.as_bytes()).await.unwrap();
     // One byte at a time, each after the previous was taken, until kvgate answers.
-    let mut got = Vec::new();
-    let answered = tokio::time::timeout(DEADLINE, async {
-        let mut buf = [0u8; 4096];
-        loop {
-            if stream.write_all(b" ").await.is_err() {
-                break;
-            }
-            tokio::select! {
-                r = stream.read(&mut buf) => match r {
-                    Ok(0) | Err(_) => break,
-                    Ok(n) => got.extend_from_slice(&buf[..n]),
-                },
-                () = tokio::time::sleep(Duration::from_millis(50)) => {}
-            }
-        }
-    })
-    .await;
-    assert!(
-        answered.is_ok(),
-        "still reading the trickle after {DEADLINE:?}"
-    );
+    let got = trickle(&mut stream, std::iter::repeat(b' '), ms(50))
+        .await
+        .expect("still reading the trickle");
     let got = String::from_utf8_lossy(&got);
     assert!(got.starts_with("HTTP/1.1 408"), "{got}");
 }
@@ -187,31 +169,44 @@ async fn an_engine_stalling_between_chunks_ends_the_stream() {
     assert_eq!(timeouts_of(&metrics(&proxy).await, "stream_idle"), 1);
 }
 
-/// Sends `req` one byte every 10 ms on a fresh connection (a head of ~120 bytes takes over a
-/// second), reading whatever comes back; returns it once kvgate closes the connection.
-async fn trickle(proxy: &RunningProxy, req: &str) -> String {
-    let mut stream = TcpStream::connect(proxy.addr).await.unwrap();
+/// Writes `bytes` one at a time, `pace` apart, each after kvgate took the one before, and
+/// reads whatever comes back, until kvgate closes the connection (also after the bytes ran
+/// out); returns what it read, or `None` if the connection was still open after
+/// [`DEADLINE`].
+async fn trickle(
+    stream: &mut TcpStream,
+    mut bytes: impl Iterator<Item = u8>,
+    pace: Duration,
+) -> Option<Vec<u8>> {
     let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
     let closed = tokio::time::timeout(DEADLINE, async {
-        let mut buf = [0u8; 4096];
-        let mut bytes = req.as_bytes().iter();
         loop {
             if let Some(b) = bytes.next()
-                && stream.write_all(&[*b]).await.is_err()
+                && stream.write_all(&[b]).await.is_err()
             {
-                break;
+                return;
             }
             tokio::select! {
                 r = stream.read(&mut buf) => match r {
-                    Ok(0) | Err(_) => break,
+                    Ok(0) | Err(_) => return,
                     Ok(n) => got.extend_from_slice(&buf[..n]),
                 },
-                () = tokio::time::sleep(Duration::from_millis(10)) => {}
+                () = tokio::time::sleep(pace) => {}
             }
         }
     })
     .await;
-    assert!(closed.is_ok(), "connection still open after {DEADLINE:?}");
+    closed.is_ok().then_some(got)
+}
+
+/// Sends `req` one byte every 10 ms on a fresh connection (a head of ~120 bytes takes over a
+/// second); returns what came back once kvgate closed the connection.
+async fn trickle_request(proxy: &RunningProxy, req: &str) -> String {
+    let mut stream = TcpStream::connect(proxy.addr).await.unwrap();
+    let got = trickle(&mut stream, req.bytes(), ms(10))
+        .await
+        .expect("connection still open");
     String::from_utf8_lossy(&got).into_owned()
 }
 
@@ -239,7 +234,7 @@ async fn a_head_slower_than_header_read_is_cut_off() {
         c.timeouts.idle = Duration::from_secs(60);
         c.timeouts.header_read = header_read;
         let proxy = RunningProxy::start(c).await;
-        let got = trickle(&proxy, TRICKLED).await;
+        let got = trickle_request(&proxy, TRICKLED).await;
         if answered {
             assert!(got.starts_with("HTTP/1.1 200"), "{header_read:?}: {got}");
             assert_eq!(timeouts_of(&metrics(&proxy).await, "header_read"), 0);
@@ -273,20 +268,10 @@ async fn the_next_head_on_a_keep_alive_connection_is_timed_too() {
         got.extend_from_slice(&buf[..n]);
     }
     assert!(got.starts_with(b"HTTP/1.1 200"));
-    let closed = tokio::time::timeout(DEADLINE, async {
-        let head = b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nx-slow: ";
-        for b in head.iter().chain(std::iter::repeat(&b'a')) {
-            if stream.write_all(&[*b]).await.is_err() {
-                return;
-            }
-            tokio::select! {
-                r = stream.read(&mut buf) => if matches!(r, Ok(0) | Err(_)) { return },
-                () = tokio::time::sleep(Duration::from_millis(10)) => {}
-            }
-        }
-    })
-    .await;
-    assert!(closed.is_ok(), "the second head was never cut off");
+    let head = b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nx-slow: ";
+    let endless = head.iter().copied().chain(std::iter::repeat(b'a'));
+    let closed = trickle(&mut stream, endless, ms(10)).await;
+    assert!(closed.is_some(), "the second head was never cut off");
     await_timeouts(&proxy, "header_read", 1).await;
 }
 
