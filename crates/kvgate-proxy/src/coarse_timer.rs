@@ -5,8 +5,8 @@
 //! tokio's timer wheel takes its lock to insert each timer and again to remove it, and when
 //! the new deadline is earlier than the one the runtime last parked on, it also writes the
 //! runtime's eventfd: a syscall, and a wake-up of `epoll_wait` with nothing to do. Measured
-//! under load on a keep-alive connection, that write came about once every three requests,
-//! and it was all the eventfd writes kvgate made.
+//! under load on keep-alive connections, hyper's header-read timer made 0.52 such writes a
+//! request (`strace -c`), every eventfd write kvgate made.
 //!
 //! Here a timer is a slot in the slab of the thread that made it: one uncontended lock to
 //! take a slot and one to free it, no syscall. One background thread (`kvgate-timer`) wakes

@@ -1,16 +1,16 @@
 //! Per-request scheduling state: the request facts plugins read, the block keys computed once
-//! and shared by every prefix scorer, the prefix match of the current profile run, and the
-//! random source of the pickers.
+//! and shared by every prefix scorer, the prefix match and the candidates' load snapshots of
+//! the current profile run, and the random source of the pickers.
 
 use std::sync::Arc;
 use std::time::Instant;
 
 use kvgate_kvcache::{BlockKeys, EndpointId, KeyScope, MmSpan, block_keys_with_mm};
 use kvgate_request::SealedRequest;
-
-use crate::LoadSnapshot;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
+
+use crate::LoadSnapshot;
 
 /// Header carrying the client's session id (read by `session-affinity-scorer`).
 pub const SESSION_HEADER: &str = "x-session-id";

@@ -435,7 +435,7 @@ impl EndpointState {
     }
 
     /// The router-side load counters, the prefill clock read at `now` (a scheduling cycle
-    /// reads every candidate at its own `now`, not the clock once per candidate).
+    /// reads every candidate at the cycle's one `now`, not the clock once per candidate).
     pub fn load_at(&self, now: Instant) -> LoadSnapshot {
         self.load.snapshot(now)
     }
