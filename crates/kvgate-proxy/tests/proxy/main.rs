@@ -93,6 +93,19 @@ async fn metrics(proxy: &RunningProxy) -> String {
     String::from_utf8(admin_get(proxy, "/metrics").await.to_vec()).unwrap()
 }
 
+/// `/metrics` once it contains `line`, polled for up to 10 s (a counter the server bumps
+/// after the client already saw the outcome); the last text read if it never does.
+async fn metrics_with(proxy: &RunningProxy, line: &str) -> String {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let text = metrics(proxy).await;
+        if text.contains(line) || tokio::time::Instant::now() >= deadline {
+            return text;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// Bodies the engine must receive byte for byte. `{M}` marks the top-level model value.
 const BYTE_CASES: &[(&str, &str)] = &[
     (
