@@ -292,13 +292,21 @@ impl Usage {
 /// `usage` object.
 ///
 /// A top-level `usage` object is found by a scan and parsed alone, where a full parse would
-/// walk the whole body (its `choices`, the generated text) to skip it; an object of counts is
-/// read by a quick reader (`quick`), any other by serde. Anything else (no such
-/// key, `null`, an escaped spelling, a `message_start`) takes the full parse. The two agree
-/// on every valid object without repeated keys; on a body that is broken after its `usage`,
-/// the scan still reads it.
+/// walk the whole body (its `choices`, the generated text) to skip it. The scan starts at the
+/// closing brace, since engines put `usage` last or nearly; a body that does not end as an
+/// object (cut short, say) is scanned from the front instead. An object of counts is read by
+/// a quick reader (`quick`), any other by serde. Anything else (no such key, `null`, an
+/// escaped spelling, a `message_start`) takes the full parse. The two agree on every valid
+/// object without repeated keys; on a body that is broken after its `usage`, the scan still
+/// reads it.
 pub fn usage_from_json(json: &[u8]) -> Option<Usage> {
-    if let Some(start) = crate::top_level::value_start(json, b"usage") {
+    use crate::top_level::{FromEnd, value_start, value_start_from_end};
+    let start = match value_start_from_end(json, b"usage") {
+        FromEnd::At(start) => Some(start),
+        FromEnd::Absent => None,
+        FromEnd::Unsure => value_start(json, b"usage"),
+    };
+    if let Some(start) = start {
         if let Some(raw) = quick::raw_usage(&json[start..]) {
             return Some(raw.into());
         }

@@ -356,9 +356,11 @@ fn random_value(rng: &mut Lcg, depth: u32) -> serde_json::Value {
 }
 
 /// The scan and a full parse give the same usage on valid objects: compact and indented,
-/// and with the first `"usage"` (a key or a string) spelled with an escape.
+/// and with the first `"usage"` (a key or a string) spelled with an escape. The scans from
+/// either end find the same key (these objects repeat none).
 #[test]
 fn the_scan_agrees_with_a_full_parse() {
+    use crate::top_level::{FromEnd, value_start, value_start_from_end};
     let mut rng = Lcg(7);
     let mut found = 0;
     for _ in 0..3000 {
@@ -373,6 +375,13 @@ fn the_scan_agrees_with_a_full_parse() {
             let want = usage_by_parse(text.as_bytes());
             found += usize::from(want.is_some());
             assert_eq!(usage_from_json(text.as_bytes()), want, "{text}");
+            let forward = value_start(text.as_bytes(), b"usage");
+            let backward = match value_start_from_end(text.as_bytes(), b"usage") {
+                FromEnd::At(at) => Some(at),
+                FromEnd::Absent => None,
+                FromEnd::Unsure => panic!("a valid object read as unsure: {text}"),
+            };
+            assert_eq!(backward, forward, "{text}");
         }
     }
     // The generator reaches the case that matters.
