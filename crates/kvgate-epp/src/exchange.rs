@@ -383,7 +383,7 @@ impl Exchange {
             started: false,
         });
         if h.end_of_stream || self.response_mode == Mode::None {
-            self.finish_response(&[]);
+            self.finish_response(Bytes::new());
         }
         vec![reply::response_headers(&remove)]
     }
@@ -460,7 +460,7 @@ impl Exchange {
         }
         if end {
             let buf = whole.or_else(|| r.json.take()).unwrap_or_default();
-            self.finish_response(&buf);
+            self.finish_response(Bytes::from(buf));
         }
         match self.response_mode {
             Mode::FullDuplex => {
@@ -495,7 +495,7 @@ impl Exchange {
     }
 
     /// The response ended: realized hit reported, load released, request counted.
-    fn finish_response(&mut self, json: &[u8]) {
+    fn finish_response(&mut self, json: Bytes) {
         if let Some(tracker) = self.responding.as_mut().and_then(|r| r.tracker.take()) {
             tracker.finish_with(json);
         }

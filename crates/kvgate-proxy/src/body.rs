@@ -18,7 +18,7 @@ use prometheus_client::metrics::counter::Counter;
 
 use crate::decision_log::LogEntry;
 
-use crate::metrics::{ApiLabels, ProxyMetrics, RequestLabels};
+use crate::metrics::{ApiLabels, ProxyMetrics};
 
 /// Boxed error type of response bodies.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -83,12 +83,11 @@ impl RequestGuard {
         }
         self.finished = true;
         let elapsed = self.start.elapsed();
-        let labels = RequestLabels {
-            api: self.api.label(),
-            status: self.status,
-            endpoint: self.endpoint.take().unwrap_or_else(|| "none".to_owned()),
-        };
-        self.metrics.requests.get_or_create(&labels).inc();
+        let endpoint = self.endpoint.take();
+        let endpoint = endpoint.as_deref().unwrap_or("none");
+        self.metrics
+            .requests
+            .inc(self.api.label(), self.status, endpoint);
         self.metrics
             .duration_of(self.api)
             .observe(elapsed.as_secs_f64());
@@ -105,7 +104,7 @@ impl RequestGuard {
             request_id = ?self.request_id,
             api = self.api.label(),
             status = self.status,
-            endpoint = %labels.endpoint,
+            endpoint = %endpoint,
             duration_ms = elapsed.as_secs_f64() * 1e3,
             completed,
             "request finished"
@@ -140,8 +139,34 @@ pub enum UsageWatch {
     None,
     /// SSE events, scanned as they pass.
     Sse(SseUsageObserver),
-    /// A JSON body, copied aside (up to 1 MiB) and read at its end.
-    Json(Vec<u8>),
+    /// A JSON body, its chunks kept aside (up to 1 MiB, shared, not copied) and read at its
+    /// end.
+    Json(JsonChunks),
+}
+
+/// The chunks of a JSON body so far and their total length.
+#[derive(Debug, Default)]
+pub struct JsonChunks {
+    chunks: Vec<Bytes>,
+    len: usize,
+}
+
+impl JsonChunks {
+    /// Keeps `chunk`; `false` when that would pass [`MAX_USAGE_BODY`].
+    fn push(&mut self, chunk: Bytes) -> bool {
+        self.len += chunk.len();
+        self.chunks.push(chunk);
+        self.len <= MAX_USAGE_BODY
+    }
+
+    /// The `usage` of the whole body, read in place when it came in one chunk.
+    fn usage(&self) -> Option<Usage> {
+        match self.chunks.as_slice() {
+            [] => usage_from_json(b""),
+            [one] => usage_from_json(one),
+            chunks => usage_from_json(&chunks.concat()),
+        }
+    }
 }
 
 impl UsageWatch {
@@ -152,17 +177,16 @@ impl UsageWatch {
 
     /// Watches a JSON body.
     pub fn json() -> Self {
-        UsageWatch::Json(Vec::new())
+        UsageWatch::Json(JsonChunks::default())
     }
 
-    fn observe(&mut self, chunk: &[u8]) {
+    /// Looks at the next chunk of the body.
+    fn observe(&mut self, chunk: &Bytes) {
         match self {
             UsageWatch::None => {}
             UsageWatch::Sse(obs) => obs.observe(chunk),
-            UsageWatch::Json(buf) => {
-                if buf.len() + chunk.len() <= MAX_USAGE_BODY {
-                    buf.extend_from_slice(chunk);
-                } else {
+            UsageWatch::Json(body) => {
+                if !body.push(chunk.clone()) {
                     *self = UsageWatch::None;
                 }
             }
@@ -173,7 +197,7 @@ impl UsageWatch {
         match self {
             UsageWatch::None => None,
             UsageWatch::Sse(obs) => obs.usage(),
-            UsageWatch::Json(buf) => usage_from_json(buf),
+            UsageWatch::Json(body) => body.usage(),
         }
     }
 }
@@ -209,8 +233,8 @@ impl Tracker {
     }
 
     /// Reports the realized hit read from a complete body, then releases the load.
-    pub fn finish_with(mut self, body: &[u8]) {
-        self.usage.observe(body);
+    pub fn finish_with(mut self, body: Bytes) {
+        self.usage.observe(&body);
         self.finish();
     }
 
@@ -548,6 +572,39 @@ mod tests {
             .expect("no request log line");
         assert!(line.contains(r#" request_id="abc status=500""#), "{line}");
         assert!(line.contains(" status=200 "), "{line}");
+    }
+
+    /// A JSON body's usage is read however the body was cut, and not past the size cap.
+    #[test]
+    fn a_json_body_is_read_whole_at_its_end() {
+        let body = br#"{"id":"x","choices":[{"text":"a \"usage\": {}"}],"usage":{"prompt_tokens":9,"prompt_tokens_details":{"cached_tokens":4}}}"#;
+        let want = Some(Usage {
+            prompt_tokens: Some(9),
+            completion_tokens: None,
+            cached_tokens: Some(4),
+        });
+        let watched = |chunks: &[&[u8]]| {
+            let mut watch = UsageWatch::json();
+            for c in chunks {
+                watch.observe(&Bytes::copy_from_slice(c));
+            }
+            watch.usage()
+        };
+        assert_eq!(watched(&[body]), want, "one chunk");
+        assert_eq!(watched(&[]), None, "no chunk");
+        for cut in 1..body.len() {
+            assert_eq!(watched(&[&body[..cut], &body[cut..]]), want, "cut at {cut}");
+        }
+        let bytes: Vec<&[u8]> = body.iter().map(std::slice::from_ref).collect();
+        assert_eq!(watched(&bytes), want, "a byte a chunk");
+        // Padded after the object to exactly the cap, then one byte over.
+        let pad = |n: usize| vec![b' '; n - body.len()];
+        assert_eq!(watched(&[body, &pad(MAX_USAGE_BODY)]), want, "at the cap");
+        assert_eq!(
+            watched(&[body, &pad(MAX_USAGE_BODY + 1)]),
+            None,
+            "over the cap"
+        );
     }
 
     /// A chunk moves the stall deadline though the timer was set before it: the body stalls

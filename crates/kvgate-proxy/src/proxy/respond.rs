@@ -189,7 +189,7 @@ impl WholeAnswer {
         } = self;
         match collect_within(body, MAX_REWRITE_BODY).await {
             Collected::Whole(bytes) => {
-                tracker.finish_with(&bytes);
+                tracker.finish_with(bytes.clone());
                 let bytes =
                     kvgate_request::rewrite_model_json(&bytes, &asked).map_or(bytes, Bytes::from);
                 parts
