@@ -2,6 +2,10 @@
 
 use std::sync::OnceLock;
 
+mod request_counters;
+
+pub use request_counters::RequestCounters;
+
 use kvgate_request::Api;
 use prometheus_client::{
     encoding::EncodeLabelSet,
@@ -74,7 +78,7 @@ pub struct FallbackLabels {
 #[derive(Debug, Clone)]
 pub struct ProxyMetrics {
     /// `kvgate_requests_total{api,status,endpoint}`.
-    pub requests: Family<RequestLabels, Counter>,
+    pub requests: RequestCounters,
     /// `kvgate_request_duration_seconds{api}`: from request start to the end of the response body.
     pub duration: Family<ApiLabels, Histogram>,
     /// `kvgate_request_first_byte_seconds{api}`: until the engine's response headers.
@@ -160,7 +164,7 @@ impl ProxyMetrics {
     /// Registers the families under `registry` (expected to be the `kvgate` sub-registry).
     pub fn new(registry: &mut Registry) -> Self {
         let m = Self {
-            requests: Family::default(),
+            requests: RequestCounters::new(Family::default()),
             duration: Family::new_with_constructor(latency_histogram),
             first_byte: Family::new_with_constructor(latency_histogram),
             in_flight: Gauge::default(),
@@ -187,7 +191,7 @@ impl ProxyMetrics {
         registry.register(
             "requests",
             "Requests by API, status and endpoint",
-            m.requests.clone(),
+            m.requests.family().clone(),
         );
         registry.register(
             "request_duration_seconds",
