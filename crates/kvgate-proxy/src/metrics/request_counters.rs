@@ -3,6 +3,9 @@
 //! The family finds a label set's counter under its lock, through a map keyed by SipHash: about
 //! 500 instructions a request on the proxy path. Each thread keeps the counters it has used in
 //! a map of its own, keyed by a cheaper hash and found without building the labels.
+//!
+//! A remembered counter stays the one the family exports because nothing removes a label set
+//! from this family; code that ever does must clear the threads' maps as well.
 
 use std::{
     cell::RefCell,
