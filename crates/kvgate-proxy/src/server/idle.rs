@@ -13,7 +13,7 @@ use std::{
         Arc,
         atomic::{AtomicUsize, Ordering},
     },
-    task::{Context, Poll},
+    task::{Context, Poll, Waker},
     time::Duration,
 };
 
@@ -66,6 +66,11 @@ pub(crate) struct IdleIo<T> {
     was_busy: bool,
     /// A wake-up at or before `active + timeout`.
     deadline: Pin<Box<Sleep>>,
+    /// The waker `deadline` last found it pending with: it wakes that task when it fires, so
+    /// a poll by the same task before then need not poll it again (a read finds the socket
+    /// empty several times a request; each such poll of the timer costs about a hundred
+    /// instructions).
+    armed: Option<Waker>,
     in_flight: InFlight,
     timeouts: Counter,
 }
@@ -79,6 +84,7 @@ impl<T> IdleIo<T> {
             active,
             was_busy: false,
             deadline: Box::pin(tokio::time::sleep_until(active + timeout)),
+            armed: None,
             in_flight,
             timeouts,
         }
@@ -100,10 +106,17 @@ impl<T> IdleIo<T> {
             self.was_busy = false;
             self.touch();
         }
+        if self.armed.as_ref().is_some_and(|w| w.will_wake(cx.waker()))
+            && !self.deadline.is_elapsed()
+        {
+            return false;
+        }
         loop {
             if self.deadline.as_mut().poll(cx).is_pending() {
+                self.armed = Some(cx.waker().clone());
                 return false;
             }
+            self.armed = None;
             if self.in_flight.busy() {
                 self.touch();
             }
@@ -210,7 +223,11 @@ mod tests {
         assert!(busy.is_err(), "a busy connection timed out");
         drop(request);
         let ended = Instant::now();
-        let err = io.read(&mut buf).await.unwrap_err();
+        // Bounded, so a timer that never fires fails the test instead of hanging it.
+        let err = tokio::time::timeout(Duration::from_secs(3600), io.read(&mut buf))
+            .await
+            .expect("the idle timer fired")
+            .unwrap_err();
         assert_eq!(err.kind(), io::ErrorKind::TimedOut);
         assert_eq!(timeouts.get(), 1);
         // Idle from the request's end, not from the last time it was seen in flight.
@@ -238,7 +255,11 @@ mod tests {
             assert_eq!(io.read(&mut buf).await.unwrap(), 1);
         }
         let last_byte = Instant::now();
-        let err = io.read(&mut buf).await.unwrap_err();
+        // Bounded, so a timer that never fires fails the test instead of hanging it.
+        let err = tokio::time::timeout(Duration::from_secs(3600), io.read(&mut buf))
+            .await
+            .expect("the idle timer fired")
+            .unwrap_err();
         assert_eq!(err.kind(), io::ErrorKind::TimedOut);
         assert_eq!(timeouts.get(), 1);
         assert!(
