@@ -9,10 +9,7 @@ use http_body_util::BodyExt;
 use hyper::service::service_fn;
 use hyper_util::{
     rt::{TokioExecutor, TokioIo},
-    server::{
-        conn::auto,
-        graceful::{GracefulShutdown, Watcher},
-    },
+    server::conn::auto,
 };
 use prometheus_client::{metrics::counter::Counter, registry::Registry};
 use tokio::net::{TcpListener, TcpStream};
@@ -24,10 +21,12 @@ use crate::{
     metrics::{ListenerLabels, PhaseLabels},
 };
 
+mod graceful;
 mod idle;
 mod workers;
 
 use self::{
+    graceful::{Shutdown, Watcher},
     idle::{IdleIo, InFlight},
     workers::Serving,
 };
@@ -116,7 +115,7 @@ async fn serve_proxy(
         header_timeouts: phase("header_read"),
         handshake_failures: proxy.metrics.tls_handshake_failures.clone(),
     });
-    let graceful = GracefulShutdown::new();
+    let graceful = Shutdown::new();
     tokio::pin!(shutdown);
     loop {
         let (stream, peer) = tokio::select! {
@@ -128,7 +127,7 @@ async fn serve_proxy(
         serving.spawn(stream, move |stream| clients.serve(stream, peer, watcher));
     }
     tracing::info!("shutting down: draining in-flight requests");
-    if tokio::time::timeout(DRAIN_TIMEOUT, graceful.shutdown())
+    if tokio::time::timeout(DRAIN_TIMEOUT, graceful.drain())
         .await
         .is_err()
     {
@@ -183,7 +182,11 @@ impl Clients {
                 .builder
                 .serve_connection(TokioIo::new(io), service)
                 .into_owned();
-            connection_ended(watcher.watch(conn).await, &self.header_timeouts, peer);
+            connection_ended(
+                watcher.watch(conn, |c| c.graceful_shutdown()).await,
+                &self.header_timeouts,
+                peer,
+            );
             return;
         };
         let io = match tokio::time::timeout(self.timeouts.header_read, acceptor.accept(io)).await {
@@ -203,7 +206,11 @@ impl Clients {
             .builder
             .serve_connection(TokioIo::new(io), service)
             .into_owned();
-        connection_ended(watcher.watch(conn).await, &self.header_timeouts, peer);
+        connection_ended(
+            watcher.watch(conn, |c| c.graceful_shutdown()).await,
+            &self.header_timeouts,
+            peer,
+        );
     }
 }
 
