@@ -147,7 +147,9 @@ pub enum UsageWatch {
 /// The chunks of a JSON body so far and their total length.
 #[derive(Debug, Default)]
 pub struct JsonChunks {
-    chunks: Vec<Bytes>,
+    /// The first chunk, kept apart: most answers come in one, and then nothing is allocated.
+    first: Option<Bytes>,
+    rest: Vec<Bytes>,
     len: usize,
 }
 
@@ -155,16 +157,27 @@ impl JsonChunks {
     /// Keeps `chunk`; `false` when that would pass [`MAX_USAGE_BODY`].
     fn push(&mut self, chunk: Bytes) -> bool {
         self.len += chunk.len();
-        self.chunks.push(chunk);
+        if self.first.is_none() {
+            self.first = Some(chunk);
+        } else {
+            self.rest.push(chunk);
+        }
         self.len <= MAX_USAGE_BODY
     }
 
     /// The `usage` of the whole body, read in place when it came in one chunk.
     fn usage(&self) -> Option<Usage> {
-        match self.chunks.as_slice() {
-            [] => usage_from_json(b""),
-            [one] => usage_from_json(one),
-            chunks => usage_from_json(&chunks.concat()),
+        match (&self.first, self.rest.as_slice()) {
+            (None, _) => usage_from_json(b""),
+            (Some(one), []) => usage_from_json(one),
+            (Some(first), rest) => {
+                let mut whole = Vec::with_capacity(self.len);
+                whole.extend_from_slice(first);
+                for chunk in rest {
+                    whole.extend_from_slice(chunk);
+                }
+                usage_from_json(&whole)
+            }
         }
     }
 }
@@ -211,9 +224,9 @@ pub struct Tracker {
     pub realized: Option<Realized>,
     /// How the body is watched for `usage`.
     pub usage: UsageWatch,
-    /// The decision log line, written when the tracker is dropped. Boxed (as the span):
-    /// the tracker moves by value through the response path, and every move copies it.
-    pub log: Option<Box<LogEntry>>,
+    /// The decision log line, written when the tracker is dropped (its record is boxed:
+    /// the tracker moves by value through the response path).
+    pub log: Option<LogEntry>,
     /// Counts SSE events too large to watch (`kvgate_sse_oversize_events_total`).
     pub sse_oversize: Option<prometheus_client::metrics::counter::Counter>,
     /// The request's trace span (tracing on), ended when the tracker is dropped.

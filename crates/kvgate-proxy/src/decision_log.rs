@@ -214,10 +214,12 @@ impl DecisionRecord {
 #[derive(Debug)]
 pub struct RecentDecisions {
     capacity: usize,
-    ring: Mutex<VecDeque<Kept>>,
+    ring: Mutex<VecDeque<Box<Kept>>>,
 }
 
-/// A finished record, its `decision` view still to be rendered from `source` when there is one.
+/// A record, its `decision` view still to be rendered from `source` when there is one. Boxed
+/// from the pick on: the entry moves with the pick and the response body, and the ring takes
+/// it, by pointer.
 #[derive(Debug)]
 struct Kept {
     record: DecisionRecord,
@@ -246,7 +248,7 @@ impl RecentDecisions {
         }
     }
 
-    fn push(&self, kept: Kept) {
+    fn push(&self, kept: Box<Kept>) {
         if self.capacity == 0 {
             return;
         }
@@ -265,7 +267,7 @@ impl RecentDecisions {
     /// The records, newest first.
     pub fn newest_first(&self) -> Vec<DecisionRecord> {
         let ring = self.ring.lock().unwrap_or_else(PoisonError::into_inner);
-        ring.iter().rev().map(Kept::rendered).collect()
+        ring.iter().rev().map(|k| k.rendered()).collect()
     }
 }
 
@@ -276,9 +278,8 @@ pub struct LogEntry {
     log: Option<DecisionLog>,
     recent: Arc<RecentDecisions>,
     started: Instant,
-    record: Option<DecisionRecord>,
-    /// The decision `record.decision` is rendered from, when it was not rendered yet.
-    source: Option<Decision>,
+    /// The record, and the decision its view is rendered from when not rendered yet.
+    kept: Option<Box<Kept>>,
 }
 
 impl LogEntry {
@@ -292,8 +293,10 @@ impl LogEntry {
             log,
             recent,
             started: Instant::now(),
-            record: Some(record),
-            source: None,
+            kept: Some(Box::new(Kept {
+                record,
+                source: None,
+            })),
         }
     }
 
@@ -306,12 +309,14 @@ impl LogEntry {
         decision: Decision,
     ) -> LogEntry {
         let mut entry = LogEntry::new(log, recent, record);
-        entry.source = Some(decision);
+        if let Some(kept) = &mut entry.kept {
+            kept.source = Some(decision);
+        }
         entry
     }
 
     fn record(&mut self) -> Option<&mut DecisionRecord> {
-        self.record.as_mut()
+        self.kept.as_mut().map(|k| &mut k.record)
     }
 
     /// The engine answered with `status`.
@@ -352,15 +357,14 @@ impl LogEntry {
 
 impl Drop for LogEntry {
     fn drop(&mut self) {
-        let Some(mut record) = self.record.take() else {
+        let Some(mut kept) = self.kept.take() else {
             return;
         };
-        let mut source = self.source.take();
         if let Some(log) = &self.log {
-            if let Some(decision) = source.take() {
-                record.decision = decision.to_view();
+            if let Some(decision) = kept.source.take() {
+                kept.record.decision = decision.to_view();
             }
-            match serde_json::to_vec(&record) {
+            match serde_json::to_vec(&kept.record) {
                 Ok(mut line) => {
                     line.push(b'\n');
                     log.send(line);
@@ -368,7 +372,7 @@ impl Drop for LogEntry {
                 Err(e) => tracing::warn!(error = %e, "decision log line not serializable"),
             }
         }
-        self.recent.push(Kept { record, source });
+        self.recent.push(kept);
     }
 }
 

@@ -114,9 +114,9 @@ pub struct Pick {
     pub predicted: Option<u64>,
     /// The `x-kvgate-scores` value, when `scores_header` is on.
     pub scores: Option<String>,
-    /// The decision log line, written when dropped. Boxed: the pick moves by value from
-    /// the scheduler to the response body, and every move copies it.
-    pub log: Option<Box<LogEntry>>,
+    /// The decision log line, written when dropped. Small: its record and decision are
+    /// boxed, as the pick moves by value from the scheduler to the response body.
+    pub log: Option<LogEntry>,
     /// The flow-control slot on [`Pick::endpoint`] (with a per-endpoint limit), held until
     /// the response ends: a front door takes it out before [`Proxy::response_tracker`].
     pub slot: Option<EndpointSlot>,
@@ -154,7 +154,8 @@ impl Proxy {
             facts,
             pending,
             scheduler: self.scheduler.load_full(),
-            tried: Vec::new(),
+            // Most requests make one pick.
+            tried: Vec::with_capacity(1),
             subset: None,
             permit: None,
             tokenizer,
@@ -404,12 +405,12 @@ impl Proxy {
         let headers = decision.headers().to_vec();
         let scores = self.config.scores_header.then(|| decision.scores_header());
         // The decision goes with its log entry; its view is rendered only if read.
-        let log = Some(Box::new(LogEntry::unrendered(
+        let log = Some(LogEntry::unrendered(
             self.decision_log.clone(),
             Arc::clone(&self.recent),
             record,
             decision,
-        )));
+        ));
         if let Some(p) = routed.pending.take() {
             let pins = guards
                 .iter_mut()
