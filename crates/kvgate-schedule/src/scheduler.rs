@@ -179,7 +179,8 @@ impl Scheduler {
             return Err(ScheduleError::NoCandidates);
         }
         let mut summaries: SmallVec<[ProfileRunSummary; 2]> = SmallVec::new();
-        let mut runs: Vec<Result<ProfileDecision, ScheduleError>> = Vec::new();
+        let mut runs: Vec<Result<ProfileDecision, ScheduleError>> =
+            Vec::with_capacity(self.profiles.len().min(MAX_RUNS));
         while summaries.len() < MAX_RUNS {
             let Some(p) = self.handler.next_profile(cycle, &summaries) else {
                 break;
@@ -216,7 +217,7 @@ impl Scheduler {
                 handler: self.handler_type,
             }));
         };
-        let mut ok = Vec::new();
+        let mut ok = Vec::with_capacity(runs.len());
         let mut failed = Vec::new();
         let mut primary = None;
         for (i, (run, summary)) in runs.into_iter().zip(&summaries).enumerate() {
