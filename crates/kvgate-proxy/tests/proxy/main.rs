@@ -19,6 +19,7 @@ mod early_reject;
 mod faults;
 mod hygiene;
 mod prompt_limit;
+mod shutdown;
 mod streams;
 mod surface;
 mod timeouts;
