@@ -283,21 +283,15 @@ pub struct LogEntry {
 }
 
 impl LogEntry {
-    /// Starts the entry of `record`'s decision.
+    /// Starts the entry of `record`'s decision (the tests' entries; the pick's is
+    /// [`LogEntry::unrendered`]).
+    #[cfg(test)]
     pub(crate) fn new(
         log: Option<DecisionLog>,
         recent: Arc<RecentDecisions>,
         record: DecisionRecord,
     ) -> LogEntry {
-        LogEntry {
-            log,
-            recent,
-            started: Instant::now(),
-            kept: Some(Box::new(Kept {
-                record,
-                source: None,
-            })),
-        }
+        LogEntry::keeping(log, recent, record, None)
     }
 
     /// Starts the entry of `decision`, whose view `record` leaves empty: rendered when the
@@ -308,11 +302,21 @@ impl LogEntry {
         record: DecisionRecord,
         decision: Decision,
     ) -> LogEntry {
-        let mut entry = LogEntry::new(log, recent, record);
-        if let Some(kept) = &mut entry.kept {
-            kept.source = Some(decision);
+        LogEntry::keeping(log, recent, record, Some(decision))
+    }
+
+    fn keeping(
+        log: Option<DecisionLog>,
+        recent: Arc<RecentDecisions>,
+        record: DecisionRecord,
+        source: Option<Decision>,
+    ) -> LogEntry {
+        LogEntry {
+            log,
+            recent,
+            started: Instant::now(),
+            kept: Some(Box::new(Kept { record, source })),
         }
-        entry
     }
 
     fn record(&mut self) -> Option<&mut DecisionRecord> {
