@@ -13,6 +13,7 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 mod demo;
 mod doctor;
 mod epp;
+mod logging;
 mod serve;
 
 /// KV-cache-aware LLM inference router.
@@ -55,15 +56,26 @@ enum Command {
     Doctor(doctor::DoctorArgs),
 }
 
-fn init_logging(format: LogFormat) {
+/// Logs to stderr at `KVGATE_LOG` (default `info`: one line a request), in batches
+/// ([`logging`]). Lines still buffered are written when the returned guard is dropped, and
+/// before a panic's message.
+fn init_logging(format: LogFormat) -> anyhow::Result<logging::LogGuard> {
     let filter = tracing_subscriber::EnvFilter::try_from_env("KVGATE_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     // Colours only on a terminal: a log redirected to a file or a collector stays plain text.
     let ansi = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none();
+    let (writer, guard) = logging::BatchedLog::new(std::io::stderr(), logging::FLUSH_EVERY)
+        .map_err(|e| anyhow::anyhow!("starting the log thread: {e}"))?;
+    let before = writer.clone();
+    let report = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |panic| {
+        before.flush();
+        report(panic);
+    }));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_ansi(ansi)
-        .with_writer(std::io::stderr);
+        .with_writer(writer);
     match format {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder
@@ -73,6 +85,7 @@ fn init_logging(format: LogFormat) {
             .with_span_list(false)
             .init(),
     }
+    Ok(guard)
 }
 
 fn sim_main(args: kvgate_sim::SimArgs) -> anyhow::Result<()> {
@@ -144,7 +157,13 @@ fn doctor_main(args: &doctor::DoctorArgs) -> std::process::ExitCode {
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
-    init_logging(cli.log_format);
+    let log = match init_logging(cli.log_format) {
+        Ok(guard) => guard,
+        Err(e) => {
+            eprintln!("kvgate: {e:#}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
     let result = match cli.command {
         Command::Serve(args) => serve::main(args),
         Command::Epp(args) => epp::main(args),
@@ -155,6 +174,8 @@ fn main() -> std::process::ExitCode {
         Command::Parity(args) => return parity_main(&args),
         Command::Doctor(args) => return doctor_main(&args),
     };
+    // The log's last lines before the error below.
+    drop(log);
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {

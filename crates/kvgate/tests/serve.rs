@@ -170,3 +170,52 @@ fn otlp_endpoint_flag_is_validated_at_start() {
     ]);
     good.wait_for("kvgate serving", 1);
 }
+
+/// The log loses no line: with requests logged from the serving threads and lines logged
+/// while shutting down, every one of them is on stderr when the process has exited.
+#[test]
+fn every_log_line_is_written_by_the_exit() {
+    let path = std::env::temp_dir().join(format!(
+        "kvgate-serve-log-{}-{:?}.yaml",
+        std::process::id(),
+        std::thread::current().id()
+    ));
+    let file = TempFile(path);
+    std::fs::write(&file.0, config_yaml(&[dead_addr()])).unwrap();
+    let mut serve = start_serve(&file.0);
+    let started = serve.wait_for("kvgate serving", 1).remove(0);
+    let listen: SocketAddr = started["listen"].as_str().unwrap().parse().unwrap();
+    // Several client connections at once, so several serving threads log together.
+    const REQUESTS: usize = 40;
+    let clients: Vec<_> = (0..4)
+        .map(|_| {
+            std::thread::spawn(move || {
+                for _ in 0..REQUESTS / 4 {
+                    let body = r#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#;
+                    let (status, _, body) = exchange(listen, "POST", "/v1/chat/completions", body);
+                    // No endpoint answers: an error, in JSON.
+                    assert!(
+                        status >= 400 && body.contains(r#""error""#),
+                        "{status} {body}"
+                    );
+                }
+            })
+        })
+        .collect();
+    for c in clients {
+        c.join().unwrap();
+    }
+    let (status, lines) = serve.terminate();
+    assert!(status.success(), "{status}");
+    let finished = lines
+        .iter()
+        .filter(|l| message(l) == "request finished")
+        .count();
+    assert_eq!(finished, REQUESTS, "one line a request: {lines:#?}");
+    assert!(
+        lines
+            .iter()
+            .any(|l| message(l) == "shutting down: draining in-flight requests"),
+        "the shutdown's own line: {lines:#?}"
+    );
+}

@@ -89,6 +89,29 @@ impl Kvgate {
     pub(crate) fn drain(&self) -> Vec<Value> {
         self.log.try_iter().collect()
     }
+
+    /// Sends SIGTERM, waits for the process to exit (60 s at most), and returns its exit
+    /// status with every log line it wrote that was not read yet, up to its stderr's end.
+    pub(crate) fn terminate(&mut self) -> (std::process::ExitStatus, Vec<Value>) {
+        let sent = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(sent.success(), "kill -TERM failed");
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let mut lines = Vec::new();
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.log.recv_timeout(left) {
+                Ok(line) => lines.push(line),
+                Err(mpsc::RecvTimeoutError::Disconnected) => break,
+                Err(mpsc::RecvTimeoutError::Timeout) => {
+                    panic!("stderr still open 60 s after SIGTERM; so far: {lines:#?}")
+                }
+            }
+        }
+        (self.child.wait().unwrap(), lines)
+    }
 }
 
 /// A log line's fields (tracing's JSON puts them under `fields`).
