@@ -7,7 +7,10 @@
 #   vllm-rr       vllm-router --policy round_robin
 #   smg-rr        smg launch --policy round_robin
 #   smg-cache     smg launch --policy cache_aware (its text tree, no tokenizer)
-#   kvgate        kvgate serve, load routing (no tokenizer)
+#   kvgate        kvgate serve, load routing (no tokenizer), logging warnings only (the peers
+#                 run at their warning levels, nginx with access_log off)
+#   kvgate-info   the same at kvgate's default log level, info: a line a request, to a file
+#                 (not in the default list)
 #   kvgate-tok    kvgate serve with the local Qwen3 tokenizer and a KV-event endpoint, so every
 #                 request is tokenized and scored precisely (the same body each time: the
 #                 repeated-prefix case, where the segment cache serves the chunks)
@@ -68,7 +71,7 @@ while (($#)); do
     --instructions) INSTRUCTIONS=$2; shift 2 ;;
     --unique) UNIQUE=1; shift ;;
     --engines) ENGINES=$2; shift 2 ;;
-    -h|--help) sed -n '2,55p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,58p' "$0"; exit 0 ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -238,8 +241,10 @@ $(for p in "${ENGINE_PORTS[@]}"; do echo "    server 127.0.0.1:$p;"; done)
       "${wrap[@]}" "$PEERS_VENV/bin/python3" "$PEERS_VENV/bin/smg" launch --host 127.0.0.1 \
         --port "$port" --prometheus-host 127.0.0.1 --prometheus-port "$prom" \
         --worker-urls "${ENGINE_URLS[@]}" --policy "$policy" --log-level warn >"$logf" 2>&1 & ;;
-    kvgate)
-      env KVGATE_LOG=warn "${wrap[@]}" "$KVGATE" serve --listen "127.0.0.1:$port" \
+    kvgate|kvgate-info)
+      local level=warn
+      [[ $name == kvgate-info ]] && level=info
+      env KVGATE_LOG=$level "${wrap[@]}" "$KVGATE" serve --listen "127.0.0.1:$port" \
         --admin-listen "127.0.0.1:$prom" "${KVGATE_FLEET[@]}" >"$logf" 2>&1 & ;;
     kvgate-tok)
       # KV-event endpoints where nothing publishes: precise mode, so every request is
@@ -402,10 +407,10 @@ def ratio(a, b, k):
     x, y = med(a, k), med(b, k)
     return None if x is None or y is None or y == 0 else x / y
 print("\nRatios of medians:")
-for a, b in [("kvgate", "vllm-rr"), ("kvgate", "direct"), ("kvgate", "nginx-proxy"), ("kvgate", "hyper-bare"), ("kvgate", "hyper-bare-per-core"), ("hyper-bare-per-core", "hyper-bare"), ("kvgate-tok", "smg-cache")]:
+for a, b in [("kvgate", "vllm-rr"), ("kvgate", "direct"), ("kvgate", "nginx-proxy"), ("kvgate", "hyper-bare"), ("kvgate", "hyper-bare-per-core"), ("hyper-bare-per-core", "hyper-bare"), ("kvgate-tok", "smg-cache"), ("kvgate-info", "kvgate")]:
     if a in targets and b in targets:
         print(f"- {a} / {b} req/s: {ratio(a, b, 'wrk_rps'):.2f}x")
-for a, b in [("kvgate", "vllm-rr"), ("kvgate", "hyper-bare"), ("hyper-bare-per-core", "hyper-bare"), ("kvgate-tok", "smg-cache")]:
+for a, b in [("kvgate", "vllm-rr"), ("kvgate", "hyper-bare"), ("hyper-bare-per-core", "hyper-bare"), ("kvgate-tok", "smg-cache"), ("kvgate-info", "kvgate")]:
     if a in targets and b in targets and ratio(a, b, "cpu_us_per_request"):
         print(f"- {a} / {b} CPU per request: {ratio(a, b, 'cpu_us_per_request'):.2f}x")
 if {"kvgate", "vllm-rr", "direct"} <= set(targets):
