@@ -27,6 +27,15 @@ impl Drop for TempFile {
     }
 }
 
+/// A temp path unique to this process and test thread: `kvgate-{tag}-{pid}-{thread}`.
+fn temp_base(tag: &str) -> PathBuf {
+    std::env::temp_dir().join(format!(
+        "kvgate-{tag}-{}-{:?}",
+        std::process::id(),
+        std::thread::current().id()
+    ))
+}
+
 fn config_yaml(endpoints: &[SocketAddr]) -> String {
     let mut yaml = "listen: 127.0.0.1:0\nadmin_listen: 127.0.0.1:0\nendpoints:\n".to_owned();
     for e in endpoints {
@@ -44,12 +53,7 @@ fn endpoint_count(admin: SocketAddr) -> usize {
 
 #[test]
 fn admin_routes_and_reload_on_content_change() {
-    let path = std::env::temp_dir().join(format!(
-        "kvgate-serve-{}-{:?}.yaml",
-        std::process::id(),
-        std::thread::current().id()
-    ));
-    let file = TempFile(path);
+    let file = TempFile(temp_base("serve").with_extension("yaml"));
     let (a, b) = (dead_addr(), dead_addr());
     std::fs::write(&file.0, config_yaml(&[a])).unwrap();
     let serve = start_serve(&file.0);
@@ -80,11 +84,7 @@ fn admin_routes_and_reload_on_content_change() {
 /// a reload of the config file itself keeps the endpoints the file gave.
 #[test]
 fn endpoints_file_is_watched_and_a_config_reload_keeps_its_endpoints() {
-    let base = std::env::temp_dir().join(format!(
-        "kvgate-discovery-{}-{:?}",
-        std::process::id(),
-        std::thread::current().id()
-    ));
+    let base = temp_base("discovery");
     let config = TempFile(base.with_extension("yaml"));
     let list = TempFile(base.with_extension("endpoints.yaml"));
     let (a, b) = (dead_addr(), dead_addr());
@@ -175,12 +175,7 @@ fn otlp_endpoint_flag_is_validated_at_start() {
 /// while shutting down, every one of them is on stderr when the process has exited.
 #[test]
 fn every_log_line_is_written_by_the_exit() {
-    let path = std::env::temp_dir().join(format!(
-        "kvgate-serve-log-{}-{:?}.yaml",
-        std::process::id(),
-        std::thread::current().id()
-    ));
-    let file = TempFile(path);
+    let file = TempFile(temp_base("serve-log").with_extension("yaml"));
     std::fs::write(&file.0, config_yaml(&[dead_addr()])).unwrap();
     let mut serve = start_serve(&file.0);
     let started = serve.wait_for("kvgate serving", 1).remove(0);
