@@ -271,10 +271,7 @@ async fn turns_wait_for_answers_and_response_history_uses_them() {
 async fn failures_are_recorded_by_kind() {
     let spy = Arc::new(Spy::default());
     let addr = start(spy.clone()).await;
-    let closed = {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        listener.local_addr().unwrap()
-    };
+    let closed = kvgate_proxy::test_util::dead_addr();
     let workload = Arc::new(
         LowReuse {
             requests: 3,

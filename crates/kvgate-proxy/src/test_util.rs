@@ -400,12 +400,50 @@ impl RunningProxy {
     }
 }
 
-/// A loopback address where nothing listens (bound, then released).
+/// A loopback address where nothing listens, and nothing will: a connect is refused.
+///
+/// The port stays bound (without a listen) until the process exits, so no listener started
+/// later in the same test run can be given it. A port bound and released at once could be:
+/// a request meant for a dead engine then reached another proxy's admin server instead.
 ///
 /// # Panics
 /// If it cannot bind.
 #[allow(clippy::expect_used)]
 pub fn dead_addr() -> SocketAddr {
+    static HELD: std::sync::Mutex<Vec<tokio::net::TcpSocket>> = std::sync::Mutex::new(Vec::new());
+    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+    socket
+        .bind(SocketAddr::from(([127, 0, 0, 1], 0)))
+        .expect("bind");
+    let addr = socket.local_addr().expect("addr");
+    HELD.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .push(socket);
+    addr
+}
+
+/// A loopback address that was free a moment ago (bound, then released), for something the
+/// test itself will bind.
+///
+/// # Panics
+/// If it cannot bind.
+#[allow(clippy::expect_used)]
+pub fn free_addr() -> SocketAddr {
     let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
     l.local_addr().expect("addr")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A dead address refuses connections, and no later listener can take its port.
+    #[test]
+    fn a_dead_address_stays_dead() {
+        let dead = dead_addr();
+        let err = std::net::TcpStream::connect(dead).expect_err("nothing listens");
+        assert_eq!(err.kind(), std::io::ErrorKind::ConnectionRefused, "{err}");
+        let err = std::net::TcpListener::bind(dead).expect_err("the port is held");
+        assert_eq!(err.kind(), std::io::ErrorKind::AddrInUse, "{err}");
+    }
 }

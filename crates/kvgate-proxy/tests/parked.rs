@@ -162,8 +162,8 @@ async fn chat_is_probed_unless_replicas_need_its_keys() {
     ] {
         let mut yaml = endpoints_yaml(&sim, &|_| String::new()) + &models_yaml();
         if replicas {
-            let listen = format!("tcp://{}", kvgate_proxy::test_util::dead_addr());
-            let peer = format!("tcp://{}", kvgate_proxy::test_util::dead_addr());
+            let listen = format!("tcp://{}", kvgate_proxy::test_util::free_addr());
+            let peer = format!("tcp://{}", kvgate_proxy::test_util::free_addr());
             yaml += &format!("replica_sync:\n  listen: {listen}\n  peers: [{listen}, {peer}]\n");
         }
         let proxy = start_proxy(&yaml).await;

@@ -4,10 +4,7 @@
 //! every panel's `expr` must be a sample name on its admin `/metrics`.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::{
-    collections::BTreeSet,
-    net::{SocketAddr, TcpListener},
-};
+use std::{collections::BTreeSet, net::SocketAddr};
 
 use serde_json::Value;
 
@@ -40,10 +37,7 @@ fn metric_names(expr: &str) -> Vec<String> {
 #[test]
 fn every_dashboard_query_uses_a_metric_the_proxy_exports() {
     let (_sim, engines) = sim(2);
-    let dead = TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap();
+    let dead = kvgate_proxy::test_util::dead_addr();
     let mut flags: Vec<String> = engines
         .iter()
         .map(|e| format!("http://{},kv={}", e.http, e.events))

@@ -4,7 +4,7 @@
 
 use std::{
     io::{BufRead, BufReader},
-    net::{SocketAddr, TcpListener},
+    net::SocketAddr,
     process::{Child, Command, Output, Stdio},
     sync::mpsc,
     time::{Duration, Instant},
@@ -153,10 +153,7 @@ fn doctor_reports_events_on_one_fleet_and_the_fixing_flag_on_the_other() {
         .replay
         .clone()
         .expect("replay endpoint of the first fleet");
-    let dead = TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap();
+    let dead = kvgate_proxy::test_util::dead_addr();
 
     // The fleet with events: ready, exit 0.
     let (out, report) = doctor(&[
@@ -237,10 +234,7 @@ fn doctor_reports_events_on_one_fleet_and_the_fixing_flag_on_the_other() {
 
 #[test]
 fn doctor_fails_on_an_unreachable_engine() {
-    let dead = TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap();
+    let dead = kvgate_proxy::test_util::dead_addr();
     let url = format!("http://{dead}");
     let (out, report) = doctor(std::slice::from_ref(&url));
     assert_eq!(out.status.code(), Some(1), "{report}");

@@ -6,16 +6,11 @@ use std::{net::SocketAddr, path::PathBuf};
 mod common;
 
 use common::*;
+use kvgate_proxy::test_util::dead_addr;
 
 /// `kvgate serve --config FILE`.
 fn start_serve(config: &std::path::Path) -> Kvgate {
     Kvgate::start(&["serve".as_ref(), "--config".as_ref(), config.as_os_str()])
-}
-
-/// A loopback address where nothing listens.
-fn dead_addr() -> SocketAddr {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    l.local_addr().unwrap()
 }
 
 /// A fresh file path under the system temp dir, removed on drop.

@@ -320,10 +320,7 @@ async fn idle_connections_expire() {
 /// Which failures are connect failures.
 #[tokio::test]
 async fn connect_failures_are_told_apart() {
-    let refused = {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        listener.local_addr().unwrap()
-    };
+    let refused = crate::test_util::dead_addr();
     let err = send(&pool(), refused, "/").await.unwrap_err();
     assert!(matches!(err, PoolError::Connect(_)), "{err:?}");
     let no_authority = Request::post("/v1/x")
