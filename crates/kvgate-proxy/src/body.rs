@@ -19,6 +19,7 @@ use prometheus_client::metrics::counter::Counter;
 use crate::decision_log::LogEntry;
 
 use crate::metrics::{ApiLabels, ProxyMetrics};
+use crate::proxy::Quoted;
 
 /// Boxed error type of response bodies.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -101,7 +102,7 @@ impl RequestGuard {
                 .inc();
         }
         tracing::info!(
-            request_id = ?self.request_id,
+            request_id = ?Quoted(&self.request_id),
             api = self.api.label(),
             status = self.status,
             endpoint = %endpoint,

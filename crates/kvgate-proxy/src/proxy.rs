@@ -52,6 +52,7 @@ mod upstream;
 
 pub(crate) use upstream::set_serving_thread;
 
+pub(crate) use self::request_id::Quoted;
 pub use self::{
     facts::PREFIX_TOKENS_START,
     pipeline::{Pick, Routed},

@@ -18,6 +18,8 @@ use std::{
 
 use tracing_subscriber::fmt::MakeWriter;
 
+pub(crate) mod text;
+
 /// A batch is written out once it holds this many bytes.
 pub(crate) const BATCH_BYTES: usize = 64 * 1024;
 

@@ -77,6 +77,11 @@ fn init_logging(format: LogFormat) -> anyhow::Result<logging::LogGuard> {
         .with_ansi(ansi)
         .with_writer(writer);
     match format {
+        // The same lines as the default formatter's, with less work each (logging::text).
+        LogFormat::Text if !ansi => builder
+            .fmt_fields(logging::text::PlainFields)
+            .event_format(logging::text::PlainText::new())
+            .init(),
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder
             .json()

@@ -23,7 +23,7 @@ use tracing::Instrument;
 use super::{
     Proxy, REQUEST_ID_NAME,
     pipeline::{Pick, Routed},
-    request_id::request_id,
+    request_id::{Quoted, request_id},
     respond::{Responded, json_response, upstream_headers},
     routes::{self, Refusal, Route},
     upstream,
@@ -83,7 +83,11 @@ impl Proxy {
         request_id: &Arc<str>,
     ) -> Response<ProxyBody> {
         let api = route.as_ref().map_or(Api::Passthrough, Route::api);
-        let span = tracing::info_span!("request", request_id = ?request_id, api = api.label());
+        let span = tracing::info_span!(
+            "request",
+            request_id = ?Quoted(request_id),
+            api = api.label()
+        );
         let mut guard = RequestGuard::new(self.metrics.clone(), api, request_id.clone());
         async {
             let result = match route {

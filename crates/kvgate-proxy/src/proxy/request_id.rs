@@ -7,7 +7,10 @@
 //! characters, so `x-request-id: abc status=500` cannot add a field to a `key=value` log line
 //! anywhere it is printed (kvgate's own log lines quote it as well).
 
-use std::sync::Arc;
+use std::{
+    fmt::{self, Write as _},
+    sync::Arc,
+};
 
 use http::HeaderMap;
 
@@ -38,6 +41,27 @@ pub fn request_id(headers: &HeaderMap) -> Arc<str> {
 /// backslash.
 fn log_safe(b: u8) -> bool {
     b.is_ascii_graphic() && b != b'"' && b != b'\\'
+}
+
+/// An id as `fmt::Debug` prints a string (quoted, with escapes), for log fields: the same
+/// text, without the per-character escape checks when it needs none, as no id
+/// [`request_id`] returns does.
+pub(crate) struct Quoted<'a>(pub(crate) &'a str);
+
+impl fmt::Debug for Quoted<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self
+            .0
+            .bytes()
+            .all(|b| (b' '..=b'~').contains(&b) && b != b'"' && b != b'\\')
+        {
+            f.write_char('"')?;
+            f.write_str(self.0)?;
+            f.write_char('"')
+        } else {
+            fmt::Debug::fmt(self.0, f)
+        }
+    }
 }
 
 #[cfg(test)]
@@ -104,6 +128,24 @@ mod tests {
                 Some(want) => assert_eq!(&*got, want, "{name}"),
                 None => assert!(is_generated(&got), "{name}: {got}"),
             }
+        }
+    }
+
+    #[test]
+    fn quoted_prints_what_debug_prints() {
+        let cases = [
+            ("a generated id", "0123456789abcdef0123456789abcdef"),
+            ("punctuation", "trace-1:span_2/3+4=5.6@7"),
+            ("empty", ""),
+            ("a space", "a b"),
+            ("a quote", "a\"b"),
+            ("a backslash", "a\\b"),
+            ("a tab", "a\tb"),
+            ("a control", "a\x1bb"),
+            ("not ASCII", "café"),
+        ];
+        for (name, id) in cases {
+            assert_eq!(format!("{:?}", Quoted(id)), format!("{id:?}"), "{name}");
         }
     }
 
