@@ -126,15 +126,23 @@ impl PlainVisitor<'_> {
         name != "message" && !name.starts_with("log.") && !name.starts_with("r#")
     }
 
-    /// Writes `value` as the field's value after `name=`, once no write has failed.
-    fn plain(&mut self, field: &Field, value: impl FnOnce(&mut Writer<'_>) -> fmt::Result) {
+    /// Writes the space before any field but the first; false once a write has failed.
+    fn pad(&mut self) -> bool {
         if self.result.is_err() {
-            return;
+            return false;
         }
         if self.is_empty {
             self.is_empty = false;
         } else if let Err(e) = self.writer.write_char(' ') {
             self.result = Err(e);
+            return false;
+        }
+        true
+    }
+
+    /// Writes `value` as the field's value after `name=`, once no write has failed.
+    fn plain(&mut self, field: &Field, value: impl FnOnce(&mut Writer<'_>) -> fmt::Result) {
+        if !self.pad() {
             return;
         }
         self.result = self
@@ -202,18 +210,9 @@ impl Visit for PlainVisitor<'_> {
     }
 
     fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
-        if self.result.is_err() {
-            return;
-        }
         let name = field.name();
         // The `log` crate's metadata, already in the line's target.
-        if name.starts_with("log.") {
-            return;
-        }
-        if self.is_empty {
-            self.is_empty = false;
-        } else if let Err(e) = self.writer.write_char(' ') {
-            self.result = Err(e);
+        if name.starts_with("log.") || !self.pad() {
             return;
         }
         self.result = if name == "message" {
