@@ -3,6 +3,7 @@
 
 use std::io::IsTerminal;
 
+use anyhow::Context as _;
 use clap::{Parser, Subcommand, ValueEnum};
 
 /// The allocator: the proxy path allocates and frees many small buffers a request, across
@@ -65,7 +66,7 @@ fn init_logging(format: LogFormat) -> anyhow::Result<logging::LogGuard> {
     // Colours only on a terminal: a log redirected to a file or a collector stays plain text.
     let ansi = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none();
     let (writer, guard) = logging::BatchedLog::new(std::io::stderr(), logging::FLUSH_EVERY)
-        .map_err(|e| anyhow::anyhow!("starting the log thread: {e}"))?;
+        .context("starting the log thread")?;
     let before = writer.clone();
     let report = std::panic::take_hook();
     std::panic::set_hook(Box::new(move |panic| {

@@ -140,6 +140,20 @@ impl PlainVisitor<'_> {
         true
     }
 
+    /// A typed value: written by `plain` after a plain name, else as `Debug` prints `value`.
+    fn typed(
+        &mut self,
+        field: &Field,
+        value: &dyn fmt::Debug,
+        plain: impl FnOnce(&mut Writer<'_>) -> fmt::Result,
+    ) {
+        if Self::is_plain(field) {
+            self.plain(field, plain);
+        } else {
+            self.record_debug(field, value);
+        }
+    }
+
     /// Writes `value` as the field's value after `name=`, once no write has failed.
     fn plain(&mut self, field: &Field, value: impl FnOnce(&mut Writer<'_>) -> fmt::Result) {
         if !self.pad() {
@@ -165,35 +179,25 @@ impl Visit for PlainVisitor<'_> {
     }
 
     fn record_u64(&mut self, field: &Field, value: u64) {
-        if Self::is_plain(field) {
-            self.plain(field, |w| w.write_str(itoa::Buffer::new().format(value)));
-        } else {
-            self.record_debug(field, &value);
-        }
+        self.typed(field, &value, |w| {
+            w.write_str(itoa::Buffer::new().format(value))
+        });
     }
 
     fn record_i64(&mut self, field: &Field, value: i64) {
-        if Self::is_plain(field) {
-            self.plain(field, |w| w.write_str(itoa::Buffer::new().format(value)));
-        } else {
-            self.record_debug(field, &value);
-        }
+        self.typed(field, &value, |w| {
+            w.write_str(itoa::Buffer::new().format(value))
+        });
     }
 
     fn record_bool(&mut self, field: &Field, value: bool) {
-        if Self::is_plain(field) {
-            self.plain(field, |w| w.write_str(if value { "true" } else { "false" }));
-        } else {
-            self.record_debug(field, &value);
-        }
+        self.typed(field, &value, |w| {
+            w.write_str(if value { "true" } else { "false" })
+        });
     }
 
     fn record_f64(&mut self, field: &Field, value: f64) {
-        if Self::is_plain(field) {
-            self.plain(field, |w| write!(w, "{value:?}"));
-        } else {
-            self.record_debug(field, &value);
-        }
+        self.typed(field, &value, |w| write!(w, "{value:?}"));
     }
 
     fn record_error(&mut self, field: &Field, value: &(dyn std::error::Error + 'static)) {
