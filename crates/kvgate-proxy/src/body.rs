@@ -11,7 +11,6 @@ use std::{
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::{BodyExt, Full, combinators::BoxBody};
-use hyper::body::Incoming;
 use kvgate_request::{Api, SseModelRewriter, SseUsageObserver, Usage, usage_from_json};
 use kvgate_schedule::{EndpointRegistry, EndpointState, InFlightGuard};
 use prometheus_client::metrics::counter::Counter;
@@ -19,7 +18,7 @@ use prometheus_client::metrics::counter::Counter;
 use crate::decision_log::LogEntry;
 
 use crate::metrics::{ApiLabels, ProxyMetrics};
-use crate::proxy::Quoted;
+use crate::proxy::{Quoted, UpstreamBody};
 
 /// Boxed error type of response bodies.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -292,7 +291,7 @@ impl Tracker {
 /// the upstream connection and so cancels the engine's work.
 #[derive(Debug)]
 pub struct StreamBody {
-    inner: Incoming,
+    inner: UpstreamBody,
     /// Bytes already read from `inner`, sent before the rest of it.
     prefix: Option<Bytes>,
     rewriter: Option<SseModelRewriter>,
@@ -347,8 +346,8 @@ pub struct StreamStalled {
 
 impl StreamBody {
     /// Wraps an upstream body.
-    pub fn new(
-        inner: Incoming,
+    pub(crate) fn new(
+        inner: UpstreamBody,
         rewriter: Option<SseModelRewriter>,
         guard: RequestGuard,
         tracker: Tracker,
@@ -486,7 +485,7 @@ impl Body for StreamBody {
                     this.done = true;
                     tracing::warn!(request_id = ?this.guard.request_id, error = %e, "engine response body failed");
                     // Dropping the guard unfinished counts the response as aborted.
-                    return Poll::Ready(Some(Err(Box::new(e))));
+                    return Poll::Ready(Some(Err(e)));
                 }
                 Poll::Ready(None) => {
                     let rest = this.rewriter.as_mut().map(SseModelRewriter::finish);

@@ -17,7 +17,7 @@ use std::{
 use kvgate_schedule::EngineMetrics;
 
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full, Limited};
+use http_body_util::{BodyExt, Limited};
 use serde_json::{Value, json};
 
 use kvgate_schedule::{EndpointState, ServedModel};
@@ -54,7 +54,7 @@ impl Proxy {
             .map_err(|e| DiscoveryError::Request(e.to_string()))?;
         let req = http::Request::get(uri)
             .header(http::header::HOST, ep.authority().as_str())
-            .body(Full::new(Bytes::new()))
+            .body(Bytes::new())
             .map_err(|e| DiscoveryError::Request(e.to_string()))?;
         let fetch = async {
             let resp = self.upstreams.request(req).await.map_err(|e| {
@@ -110,7 +110,7 @@ impl Proxy {
         let uri = ep.uri_for(&self.config.engines.metrics_path).ok()?;
         let req = http::Request::get(uri)
             .header(http::header::HOST, ep.authority().as_str())
-            .body(Full::new(Bytes::new()))
+            .body(Bytes::new())
             .ok()?;
         let fetch = async {
             let resp = self.upstreams.request(req).await.ok()?;

@@ -50,7 +50,7 @@ mod respond;
 pub mod routes;
 mod upstream;
 
-pub(crate) use upstream::set_serving_thread;
+pub(crate) use upstream::{UpstreamBody, set_serving_thread};
 
 pub(crate) use self::request_id::Quoted;
 pub use self::{

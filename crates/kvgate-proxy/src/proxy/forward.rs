@@ -13,7 +13,7 @@ use std::{sync::Arc, time::Instant};
 
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Method, Response, StatusCode, header, uri::PathAndQuery};
-use http_body_util::{BodyExt, Full};
+use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use kvgate_request::{Api, SealedRequest};
 use kvgate_schedule::EndpointState;
@@ -26,7 +26,7 @@ use super::{
     request_id::{Quoted, request_id},
     respond::{Responded, json_response, upstream_headers},
     routes::{self, Refusal, Route},
-    upstream,
+    upstream::{self, UpstreamBody},
 };
 use crate::{
     admission::{Held, HeldBody},
@@ -52,7 +52,7 @@ enum AttemptError {
 
 /// What a successful send hands to the response path.
 pub(super) struct Sent {
-    pub(super) response: Response<Incoming>,
+    pub(super) response: Response<UpstreamBody>,
     pub(super) pick: Pick,
 }
 
@@ -294,7 +294,7 @@ impl Proxy {
         path: &PathAndQuery,
         headers: HeaderMap,
         sealed: &SealedRequest,
-    ) -> Result<Response<Incoming>, AttemptError> {
+    ) -> Result<Response<UpstreamBody>, AttemptError> {
         let req = upstream_request(ep, method, path, headers, sealed.body().clone())
             .map_err(AttemptError::Fatal)?;
         let timeout = self.config.upstream_timeout;
@@ -366,7 +366,7 @@ fn upstream_request(
     path: &PathAndQuery,
     headers: HeaderMap,
     body: Bytes,
-) -> Result<http::Request<Full<Bytes>>, ProxyError> {
+) -> Result<http::Request<Bytes>, ProxyError> {
     let uri = ep
         .uri_for_parsed(path)
         .map_err(|e| ProxyError::UpstreamUri {
@@ -375,7 +375,7 @@ fn upstream_request(
             reason: e.to_string(),
         })?;
     let len = body.len();
-    let mut req = http::Request::new(Full::new(body));
+    let mut req = http::Request::new(body);
     *req.method_mut() = method.clone();
     *req.uri_mut() = uri;
     *req.headers_mut() = headers;

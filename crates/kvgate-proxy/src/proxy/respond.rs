@@ -5,16 +5,16 @@ use std::{pin::Pin, sync::Arc, time::Duration};
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode, header};
 use http_body_util::BodyExt;
-use hyper::body::Incoming;
 use kvgate_request::{SealedRequest, SseModelRewriter};
 use kvgate_schedule::{EndpointState, SCORES_HEADER};
 use prometheus_client::metrics::counter::Counter;
 
 use super::{
-    PREDICTED_HEADER, Proxy, REQUEST_ID_NAME, SERVED_BY_NAME, forward::Sent, pipeline::Pick,
+    PREDICTED_HEADER, Proxy, REQUEST_ID_NAME, SERVED_BY_NAME, UpstreamBody, forward::Sent,
+    pipeline::Pick,
 };
 use crate::{
-    body::{ProxyBody, Realized, RequestGuard, StreamBody, Tracker, UsageWatch, full},
+    body::{BoxError, ProxyBody, Realized, RequestGuard, StreamBody, Tracker, UsageWatch, full},
     error::ProxyError,
     otel::RequestSpan,
 };
@@ -162,7 +162,7 @@ pub(super) type Rewritten = Result<Response<ProxyBody>, (ProxyError, RequestGuar
 
 /// A JSON answer under an alias, read whole to restore the model name the client asked for.
 struct WholeAnswer {
-    body: Incoming,
+    body: UpstreamBody,
     parts: http::response::Parts,
     /// The model name the client asked for.
     asked: String,
@@ -229,14 +229,14 @@ enum Collected {
     /// All of it, within the limit.
     Whole(Bytes),
     /// Over the limit: what was read, and the unread rest.
-    TooLarge { head: Bytes, rest: Incoming },
+    TooLarge { head: Bytes, rest: UpstreamBody },
     /// The engine's body failed.
-    Failed(hyper::Error),
+    Failed(BoxError),
 }
 
 /// Reads `body` while it fits in `limit` bytes. A declared length over the limit reads
 /// nothing; trailers are dropped.
-async fn collect_within(mut body: Incoming, limit: usize) -> Collected {
+async fn collect_within(mut body: UpstreamBody, limit: usize) -> Collected {
     if http_body::Body::size_hint(&body).lower() > limit as u64 {
         return Collected::TooLarge {
             head: Bytes::new(),

@@ -4,9 +4,13 @@
 //! (rustls, the system's roots plus `upstream.ca_file`). A request picks its client by its
 //! URI's scheme, so a plain request does no TLS work at all.
 
+mod body;
 mod pool;
 
-pub(crate) use pool::set_serving_thread;
+pub(crate) use self::{
+    body::UpstreamBody,
+    pool::{PooledBody, set_serving_thread},
+};
 
 use std::{error::Error, io, sync::Arc, time::Duration};
 
@@ -14,7 +18,6 @@ use bytes::Bytes;
 use futures_util::{TryFutureExt, future::Either};
 use http::Response;
 use http_body_util::Full;
-use hyper::body::Incoming;
 use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
 use hyper_util::{
     client::legacy::{Client, connect::HttpConnector},
@@ -97,12 +100,17 @@ impl Upstreams {
     /// No connection could be made, or it failed before the response head.
     pub(crate) fn request(
         &self,
-        req: http::Request<Full<Bytes>>,
-    ) -> impl Future<Output = Result<Response<Incoming>, UpstreamError>> + Send + '_ {
+        req: http::Request<Bytes>,
+    ) -> impl Future<Output = Result<Response<UpstreamBody>, UpstreamError>> + Send + '_ {
         // Not an `async fn`: its state would hold the request a second time, beside the
         // client's future that owns it.
         if req.uri().scheme() == Some(&http::uri::Scheme::HTTPS) {
-            Either::Left(self.tls.request(req).err_into())
+            Either::Left(
+                self.tls
+                    .request(req.map(Full::new))
+                    .map_ok(|resp| resp.map(UpstreamBody::from))
+                    .err_into(),
+            )
         } else {
             Either::Right(self.plain.request(req).err_into())
         }

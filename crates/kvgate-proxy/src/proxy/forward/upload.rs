@@ -24,12 +24,11 @@ use std::{
 use bytes::Bytes;
 use http::Response;
 use http_body_util::Full;
-use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio_rustls::{TlsConnector, rustls::pki_types::ServerName};
 
-use crate::proxy::upstream::{ConnectFailure, bare_host, connect_tcp, origin_form};
+use crate::proxy::upstream::{ConnectFailure, UpstreamBody, bare_host, connect_tcp, origin_form};
 
 /// Bodies this large or larger are sent on a dedicated connection with [`TolerantIo`].
 pub(super) const DEDICATED_UPLOAD_BYTES: usize = 256 << 10;
@@ -166,10 +165,11 @@ impl Failed {
 /// Why the connect or the TLS handshake failed, or the connection failed before a response
 /// head arrived.
 pub(super) async fn send_dedicated(
-    mut req: http::Request<Full<Bytes>>,
+    req: http::Request<Bytes>,
     connect_timeout: Duration,
     tls: &TlsConnector,
-) -> Result<Response<Incoming>, Failed> {
+) -> Result<Response<UpstreamBody>, Failed> {
+    let mut req = req.map(Full::new);
     let uri = req.uri().clone();
     let https = uri.scheme() == Some(&http::uri::Scheme::HTTPS);
     let host = uri.host().unwrap_or("127.0.0.1");
@@ -203,7 +203,10 @@ pub(super) async fn send_dedicated(
 }
 
 /// HTTP/1.1 on `io`: the handshake, the connection driven in the background, `req` sent.
-async fn send_on<T>(io: T, req: http::Request<Full<Bytes>>) -> Result<Response<Incoming>, Failed>
+async fn send_on<T>(
+    io: T,
+    req: http::Request<Full<Bytes>>,
+) -> Result<Response<UpstreamBody>, Failed>
 where
     T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
@@ -218,6 +221,7 @@ where
     sender
         .send_request(req)
         .await
+        .map(|resp| resp.map(UpstreamBody::from))
         .map_err(|e| Failed::from_error(&e))
 }
 

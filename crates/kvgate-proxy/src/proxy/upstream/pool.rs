@@ -1,22 +1,29 @@
-//! The keep-alive pool for plain `http://` endpoints: HTTP/1.1 connections on
-//! `hyper::client::conn`, kept idle per authority and reused most recently used first.
+//! The keep-alive pool for plain `http://` endpoints: HTTP/1.1 connections kept idle per
+//! authority and reused most recently used first, each driven by the request that holds it
+//! ([`conn`]: kvgate's own HTTP/1.1 exchange, no connection task).
 //!
-//! It does what the general-purpose pooled client did for these requests, with less work
-//! per request: one lock and one small-map lookup to take a connection, none of the
-//! checkout futures, connector services, pool keys or per-request clones of connection
-//! info. A connection goes back to the pool once it is ready for the next request: at once
-//! when it already is, otherwise from a small task that waits for the response body to end.
-//! A connection the engine closed while idle is dropped when found; a request that such a
-//! connection refused before sending it is sent again on another (the engine never saw it).
-//! Idle connections older than the idle timeout are closed: when found, and by a sweep
-//! every idle timeout (once a second at most) while the pool exists.
+//! It does what a general-purpose pooled client does for these requests, with less work per
+//! request: one lock and one small-map lookup to take a connection, none of the checkout
+//! futures, connector services, pool keys or per-request clones of connection info, and no
+//! task or channel between the request and its connection. A connection goes back to the
+//! pool once its response body has ended ([`pooled_body`]): at once when the whole answer
+//! came with the head, the usual case. A connection the engine closed while idle is dropped
+//! when found; a request such a connection did not answer (the engine closed it just before,
+//! or as, the request went out) is sent again on another (the engine never answered it).
+//! Idle connections older than the idle timeout are closed: when found, and by a sweep every
+//! idle timeout (once a second at most) while the pool exists.
 //!
-//! Each serving thread ([`crate::server`]) has its own share of the pool: a connection's task
-//! runs on the thread that opened it, and only requests on that thread take it again, so a
-//! request and the connection it goes out on never wake each other across threads. A thread
-//! with no idle connection of its own opens one rather than borrow another thread's. Each
-//! share has its own lock on its own cache line, so the serving threads' check-outs and
+//! Each serving thread ([`crate::server`]) has its own share of the pool: a connection is
+//! registered with the reactor of the thread that opened it, and only requests on that thread
+//! take it again, so a request and its connection never wake each other across threads. A
+//! thread with no idle connection of its own opens one rather than borrow another thread's.
+//! Each share has its own lock on its own cache line, so the serving threads' check-outs and
 //! check-ins never contend for one lock or bounce one line between cores.
+
+mod conn;
+mod pooled_body;
+
+pub(crate) use self::{conn::H1Error, pooled_body::PooledBody};
 
 use std::{
     collections::HashMap,
@@ -29,18 +36,11 @@ use std::{
 };
 
 use bytes::Bytes;
-use http::{HeaderValue, Request, Response, header::HOST, uri::Authority};
-use http_body_util::Full;
-use hyper::{
-    body::Incoming,
-    client::conn::http1::{self, SendRequest},
-};
-use hyper_util::rt::TokioIo;
+use http::{Request, Response, uri::Authority};
 use tokio::time::Instant;
 
-use super::ConnectFailure;
-
-type Sender = SendRequest<Full<Bytes>>;
+use self::conn::Conn;
+use super::{ConnectFailure, UpstreamBody};
 
 /// Keyed by the authority's text with a fast hash: a pool lookup is one short-string hash.
 type IdleMap = HashMap<Box<str>, Vec<Idle>, foldhash::fast::RandomState>;
@@ -54,12 +54,9 @@ pub(crate) enum PoolError {
     /// The TCP connect did not finish within the connect timeout.
     #[error("tcp connect timed out after {0} ms")]
     ConnectTimeout(u128),
-    /// The HTTP/1 handshake on a new connection failed.
-    #[error("connection handshake failed")]
-    Handshake(#[source] hyper::Error),
     /// The connection failed while sending the request or reading the response head.
     #[error("request failed")]
-    Send(#[source] hyper::Error),
+    Send(#[source] H1Error),
     /// The request's URI names no host.
     #[error("the upstream URI has no authority")]
     NoAuthority,
@@ -74,7 +71,7 @@ impl PoolError {
 
 /// An idle connection, since when it is idle, and the serving thread whose share it is in.
 struct Idle {
-    sender: Sender,
+    conn: Conn,
     since: Instant,
     shard: usize,
 }
@@ -164,67 +161,85 @@ impl PlainPool {
 
     /// Sends `req` (an absolute `http://` URI) on an idle connection to its authority, or
     /// on a new one. The request goes out in origin form, with `host` set from the URI when
-    /// absent.
+    /// absent and `content-length` from the body ([`conn::encode_head`]).
     ///
     /// # Errors
-    /// The connect or handshake of a new connection failed, or the connection failed before
+    /// The connect of a new connection failed, or the connection failed before the end of
     /// the response head.
     pub(crate) async fn request(
         &self,
-        mut req: Request<Full<Bytes>>,
-    ) -> Result<Response<Incoming>, PoolError> {
+        req: Request<Bytes>,
+    ) -> Result<Response<UpstreamBody>, PoolError> {
         let authority = req
             .uri()
             .authority()
             .cloned()
             .ok_or(PoolError::NoAuthority)?;
-        if !req.headers().contains_key(HOST)
-            && let Ok(host) = HeaderValue::from_str(authority.as_str())
-        {
-            req.headers_mut().insert(HOST, host);
-        }
-        *req.uri_mut() = super::origin_form(req.uri());
+        let (parts, body) = req.into_parts();
+        let path = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
+        let mut head = Vec::with_capacity(512);
+        conn::encode_head(
+            &parts.method,
+            path,
+            &parts.headers,
+            &authority,
+            body.len(),
+            &mut head,
+        );
         let shard = shard();
         loop {
-            let (mut sender, reused) = match self.checkout(&authority, shard) {
-                Some(sender) => (sender, true),
-                // Boxed: a new connection's connect and handshake are a kilobyte and more
-                // of state that every request's future would otherwise carry.
+            let (mut conn, reused) = match self.checkout(&authority, shard) {
+                Some(conn) => (conn, true),
+                // Boxed: a new connection's connect is state that every request's future
+                // would otherwise carry.
                 None => (Box::pin(self.connect(&authority)).await?, false),
             };
-            match sender.try_send_request(req).await {
-                Ok(resp) => {
-                    self.checkin_when_ready(authority, shard, sender);
+            match conn.exchange(&head, &body, &parts.method).await {
+                Ok(head) => {
+                    let home = Home {
+                        pool: self.inner.clone(),
+                        authority,
+                        shard,
+                    };
+                    let body = PooledBody::new(conn, head.framing, head.keep_alive, home);
+                    let mut resp = Response::new(UpstreamBody::from(body));
+                    *resp.status_mut() = head.status;
+                    *resp.version_mut() = head.version;
+                    *resp.headers_mut() = head.headers;
+                    if let Some(reason) = head.reason {
+                        resp.extensions_mut().insert(reason);
+                    }
                     return Ok(resp);
                 }
-                Err(mut e) => match e.take_message() {
-                    // Refused before a byte of it was written: the engine closed this idle
-                    // connection. Another one can take it.
-                    Some(back) if reused => req = back,
-                    _ => return Err(PoolError::Send(e.into_error())),
-                },
+                // The engine closed this idle connection as the request went out, and never
+                // answered it: another connection can take it.
+                Err(e) if reused && e.unanswered() => {
+                    tracing::debug!(error = %e, "idle upstream connection closed; sending again on another");
+                }
+                Err(e) => return Err(PoolError::Send(e)),
             }
         }
     }
 
     /// The most recently used idle connection to `authority` in `shard` that is still open
     /// and not expired; the closed and expired ones found on the way are dropped.
-    fn checkout(&self, authority: &Authority, shard: usize) -> Option<Sender> {
+    fn checkout(&self, authority: &Authority, shard: usize) -> Option<Conn> {
         let now = Instant::now();
         let mut idle = self.inner.lock(shard);
         let list = idle.get_mut(authority.as_str())?;
         while let Some(at) = list.iter().rposition(|e| e.shard == shard) {
             let entry = list.remove(at);
-            if entry.sender.is_ready() && now.duration_since(entry.since) < self.inner.idle_timeout
+            if now.duration_since(entry.since) < self.inner.idle_timeout
+                && entry.conn.is_idle_open()
             {
-                return Some(entry.sender);
+                return Some(entry.conn);
             }
         }
         None
     }
 
-    /// A new connection to `authority`, its connection task spawned.
-    async fn connect(&self, authority: &Authority) -> Result<Sender, PoolError> {
+    /// A new connection to `authority`.
+    async fn connect(&self, authority: &Authority) -> Result<Conn, PoolError> {
         let port = authority.port_u16().unwrap_or(80);
         let stream = super::connect_tcp(authority.host(), port, self.inner.connect_timeout)
             .await
@@ -232,36 +247,31 @@ impl PlainPool {
                 ConnectFailure::Io(e) => PoolError::Connect(e),
                 ConnectFailure::TimedOut(t) => PoolError::ConnectTimeout(t.as_millis()),
             })?;
-        let (sender, conn) = http1::handshake(TokioIo::new(stream))
-            .await
-            .map_err(PoolError::Handshake)?;
-        self.inner.open.fetch_add(1, Ordering::Relaxed);
-        let open = self.inner.open.clone();
-        tokio::spawn(async move {
-            if let Err(e) = conn.await {
-                tracing::debug!(error = %e, "upstream connection ended with an error");
-            }
-            open.fetch_sub(1, Ordering::Relaxed);
-        });
-        Ok(sender)
+        Ok(Conn::new(stream, self.inner.open.clone()))
     }
+}
 
-    /// Puts `sender` back in `shard` once it can take the next request: now if it can, else
-    /// when the response body has ended (a connection whose body is dropped unread closes
-    /// instead).
-    fn checkin_when_ready(&self, authority: Authority, shard: usize, mut sender: Sender) {
-        if sender.is_ready() {
-            self.inner.put(authority, shard, sender);
-            return;
-        }
-        let inner = Arc::downgrade(&self.inner);
-        tokio::spawn(async move {
-            if sender.ready().await.is_ok()
-                && let Some(pool) = inner.upgrade()
-            {
-                pool.put(authority, shard, sender);
-            }
-        });
+/// Where a connection goes back to once its response body has ended: its pool, authority
+/// and share.
+pub(crate) struct Home {
+    pool: Arc<Inner>,
+    authority: Authority,
+    shard: usize,
+}
+
+impl std::fmt::Debug for Home {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Home")
+            .field("authority", &self.authority)
+            .field("shard", &self.shard)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Home {
+    /// Puts `conn` back in the pool as idle.
+    fn put(self, conn: Conn) {
+        self.pool.put(self.authority, self.shard, conn);
     }
 }
 
@@ -275,9 +285,9 @@ impl Inner {
     }
 
     /// Adds an idle connection to `shard`, and starts the sweeper with the first one.
-    fn put(self: &Arc<Self>, authority: Authority, shard: usize, sender: Sender) {
+    fn put(self: &Arc<Self>, authority: Authority, shard: usize, conn: Conn) {
         let idle = Idle {
-            sender,
+            conn,
             since: Instant::now(),
             shard,
         };
@@ -301,7 +311,7 @@ impl Inner {
             let mut idle = self.lock(share);
             for list in idle.values_mut() {
                 list.retain(|e| {
-                    !e.sender.is_closed() && now.duration_since(e.since) < self.idle_timeout
+                    now.duration_since(e.since) < self.idle_timeout && e.conn.is_idle_open()
                 });
             }
             idle.retain(|_, list| !list.is_empty());

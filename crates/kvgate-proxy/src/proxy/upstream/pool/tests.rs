@@ -21,6 +21,8 @@ enum Seen {
     Request(usize, String),
     /// Connection `n` was closed by the pool (end of stream on a read).
     ClosedByPool(usize),
+    /// The engine closed connection `n`.
+    ClosedByEngine(usize),
 }
 
 /// How the engine ends a connection after an answer.
@@ -32,6 +34,11 @@ enum After {
     CloseAnnounced,
     /// Closes it after the answer without saying so (an engine's idle timeout).
     CloseSilently,
+    /// Answers the first request on a connection; reads the second and closes without an
+    /// answer (an engine's idle timeout that struck as the request arrived).
+    DropSecond,
+    /// Reads every request and closes without an answer.
+    DropAll,
 }
 
 const ANSWER: &str = "{\"ok\":true}";
@@ -63,7 +70,7 @@ async fn engine(after: After) -> Engine {
             closing.borrow_and_update();
             tokio::spawn(async move {
                 let mut buf = Vec::new();
-                loop {
+                for k in 0.. {
                     let head_end = loop {
                         if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
                             break i + 4;
@@ -71,7 +78,11 @@ async fn engine(after: After) -> Engine {
                         let mut chunk = [0u8; 4096];
                         let read = tokio::select! {
                             read = stream.read(&mut chunk) => read,
-                            _ = closing.changed() => return,
+                            _ = closing.changed() => {
+                                drop(stream);
+                                let _ = tx.send(Seen::ClosedByEngine(n));
+                                return;
+                            }
                         };
                         match read {
                             Ok(0) | Err(_) => {
@@ -99,10 +110,16 @@ async fn engine(after: After) -> Engine {
                     }
                     buf.drain(..head_end + len);
                     let _ = tx.send(Seen::Request(n, head));
+                    if matches!(after, After::DropAll)
+                        || matches!(after, After::DropSecond) && k == 1
+                    {
+                        drop(stream);
+                        let _ = tx.send(Seen::ClosedByEngine(n));
+                        return;
+                    }
                     let close = match after {
-                        After::KeepAlive => "",
                         After::CloseAnnounced => "connection: close\r\n",
-                        After::CloseSilently => "",
+                        _ => "",
                     };
                     let answer = format!(
                         "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n{close}content-length: {}\r\n\r\n{ANSWER}",
@@ -111,7 +128,9 @@ async fn engine(after: After) -> Engine {
                     if stream.write_all(answer.as_bytes()).await.is_err() {
                         return;
                     }
-                    if !matches!(after, After::KeepAlive) {
+                    if matches!(after, After::CloseAnnounced | After::CloseSilently) {
+                        drop(stream);
+                        let _ = tx.send(Seen::ClosedByEngine(n));
                         return;
                     }
                 }
@@ -121,10 +140,10 @@ async fn engine(after: After) -> Engine {
     (addr, rx, close_all)
 }
 
-fn post(addr: SocketAddr, path: &str) -> Request<Full<Bytes>> {
+fn post(addr: SocketAddr, path: &str) -> Request<Bytes> {
     Request::post(format!("http://{addr}{path}"))
         .header("content-length", "2")
-        .body(Full::new(Bytes::from_static(b"{}")))
+        .body(Bytes::from_static(b"{}"))
         .unwrap()
 }
 
@@ -256,8 +275,26 @@ async fn concurrent_requests_open_connections_that_all_return() {
     assert_eq!(accepted, 3);
 }
 
+/// The engine's reports until one that is `wanted`, and how many connections it accepted
+/// on the way.
+async fn accepted_until(
+    seen: &mut mpsc::UnboundedReceiver<Seen>,
+    wanted: impl Fn(&Seen) -> bool,
+) -> usize {
+    let mut accepted = 0;
+    loop {
+        match next(seen).await {
+            s if wanted(&s) => return accepted,
+            Seen::Accepted(_) => accepted += 1,
+            _ => {}
+        }
+    }
+}
+
 /// Rows flip how and when the engine ends a connection; the second request must succeed
-/// every time, on the first connection only when it stayed open.
+/// every time, on the first connection only when it stayed open. A connection the engine
+/// closed is dropped when the pool finds it closed, or, when the close was not seen yet,
+/// the request it did not answer goes out again on a new connection.
 #[tokio::test]
 async fn a_connection_the_engine_closed_is_not_reused() {
     let rows = [
@@ -265,38 +302,79 @@ async fn a_connection_the_engine_closed_is_not_reused() {
         ("closed, announced", After::CloseAnnounced, false, 2),
         ("closed after the answer", After::CloseSilently, false, 2),
         ("closed while idle in the pool", After::KeepAlive, true, 2),
+        (
+            "closed as the next request arrived",
+            After::DropSecond,
+            false,
+            2,
+        ),
     ];
     for (name, after, close_idle, connections) in rows {
         let (addr, mut seen, close) = engine(after).await;
         let pool = pool();
         assert_eq!(send(&pool, addr, "/1").await.unwrap(), ANSWER, "{name}");
-        // Wait for what the pool makes of the first connection: back in the pool (kept
-        // alive), or closed (its connection task ended).
+        assert_eq!(
+            accepted_until(&mut seen, |s| matches!(s, Seen::Request(0, _))).await,
+            1,
+            "{name}"
+        );
         match after {
-            After::KeepAlive => until_idle(&pool, 1).await,
-            After::CloseAnnounced | After::CloseSilently => until_open(&pool, 0).await,
+            // Told to close: the pool closes it itself.
+            After::CloseAnnounced => until_open(&pool, 0).await,
+            _ => until_idle(&pool, 1).await,
         }
         if close_idle {
             close.send_replace(true);
-            until_open(&pool, 0).await;
-            assert_eq!(
-                pool.idle_count(),
-                1,
-                "{name}: the closed one is still in the pool"
-            );
+        }
+        if close_idle || matches!(after, After::CloseSilently | After::CloseAnnounced) {
+            accepted_until(&mut seen, |s| *s == Seen::ClosedByEngine(0)).await;
         }
         assert_eq!(send(&pool, addr, "/2").await.unwrap(), ANSWER, "{name}");
-        let mut accepted = 0;
-        let mut requests = 0;
-        while requests < 2 {
+        if matches!(after, After::CloseAnnounced) {
+            until_open(&pool, 0).await;
+        } else {
+            until_idle(&pool, 1).await;
+            assert_eq!(pool.open_count(), 1, "{name}: one connection left open");
+        }
+        let mut accepted = 1;
+        let mut answered_on = None;
+        while answered_on.is_none() {
             match next(&mut seen).await {
                 Seen::Accepted(_) => accepted += 1,
-                Seen::Request(..) => requests += 1,
-                Seen::ClosedByPool(_) => {}
+                // `DropSecond` drops the first copy, on connection 0.
+                Seen::Request(n, head)
+                    if head.starts_with("POST /2 ")
+                        && !(matches!(after, After::DropSecond) && n == 0) =>
+                {
+                    answered_on = Some(n);
+                }
+                _ => {}
             }
         }
         assert_eq!(accepted, connections, "{name}");
+        assert_eq!(answered_on, Some(connections - 1), "{name}");
     }
+}
+
+/// A request a new connection does not answer fails: it is not sent again, as only a reused
+/// connection can have been closed while idle.
+#[tokio::test]
+async fn an_unanswered_request_on_a_new_connection_fails() {
+    let (addr, mut seen, _close) = engine(After::DropAll).await;
+    let pool = pool();
+    let err = tokio::time::timeout(Duration::from_secs(10), send(&pool, addr, "/1"))
+        .await
+        .expect("sent again and again")
+        .unwrap_err();
+    assert!(
+        matches!(err, PoolError::Send(H1Error::Unanswered(_))),
+        "{err:?}"
+    );
+    assert_eq!(next(&mut seen).await, Seen::Accepted(0));
+    assert!(matches!(next(&mut seen).await, Seen::Request(0, _)));
+    assert_eq!(next(&mut seen).await, Seen::ClosedByEngine(0));
+    until_open(&pool, 0).await;
+    assert!(seen.try_recv().is_err(), "sent once: {:?}", seen.try_recv());
 }
 
 /// An idle connection past the idle timeout is closed by the sweep, and the next request
@@ -323,9 +401,7 @@ async fn connect_failures_are_told_apart() {
     let refused = crate::test_util::dead_addr();
     let err = send(&pool(), refused, "/").await.unwrap_err();
     assert!(matches!(err, PoolError::Connect(_)), "{err:?}");
-    let no_authority = Request::post("/v1/x")
-        .body(Full::new(Bytes::new()))
-        .unwrap();
+    let no_authority = Request::post("/v1/x").body(Bytes::new()).unwrap();
     let err = pool().request(no_authority).await.unwrap_err();
     assert!(matches!(err, PoolError::NoAuthority), "{err:?}");
     let rows = [
