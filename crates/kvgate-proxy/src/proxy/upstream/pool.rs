@@ -10,8 +10,9 @@
 //! came with the head, the usual case. A connection the engine closed while idle is dropped
 //! when found; a request such a connection did not answer (the engine closed it just before,
 //! or as, the request went out) is sent again on another (the engine never answered it).
-//! Idle connections older than the idle timeout are closed: when found, and by a sweep every
-//! idle timeout (once a second at most) while the pool exists.
+//! Idle connections older than the idle timeout, and those the engine closed, are dropped:
+//! when found, and by a sweep every idle timeout (once a second at most, every 5 s at least)
+//! while the pool exists.
 //!
 //! Each serving thread ([`crate::server`]) has its own share of the pool: a connection is
 //! registered with the reactor of the thread that opened it, and only requests on that thread
@@ -319,11 +320,18 @@ impl Inner {
     }
 }
 
-/// Sweeps the pool every idle timeout (but not more often than once a second) while it
-/// exists.
+/// The longest time between two sweeps: how long a connection the engine closed while it was
+/// idle keeps its socket (engines close idle connections after a few seconds: uvicorn, under
+/// vLLM and SGLang, after 5 s).
+const MAX_SWEEP_PERIOD: Duration = Duration::from_secs(5);
+
+/// Sweeps the pool every idle timeout, but at least every [`MAX_SWEEP_PERIOD`] and not more
+/// often than once a second, while it exists.
 async fn sweep(inner: Weak<Inner>) {
     let period = match inner.upgrade() {
-        Some(pool) => pool.idle_timeout.max(Duration::from_secs(1)),
+        Some(pool) => pool
+            .idle_timeout
+            .clamp(Duration::from_secs(1), MAX_SWEEP_PERIOD),
         None => return,
     };
     let mut ticks = tokio::time::interval(period);

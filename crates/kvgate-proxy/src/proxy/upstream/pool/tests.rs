@@ -395,6 +395,20 @@ async fn idle_connections_expire() {
     assert_eq!(next(&mut seen).await, Seen::Accepted(1));
 }
 
+/// An idle connection the engine closed gives its socket back within a sweep, long before
+/// it would expire.
+#[tokio::test]
+async fn idle_connections_the_engine_closed_are_swept() {
+    let (addr, mut seen, close) = engine(After::KeepAlive).await;
+    let pool = pool();
+    assert_eq!(send(&pool, addr, "/1").await.unwrap(), ANSWER);
+    until_idle(&pool, 1).await;
+    close.send_replace(true);
+    accepted_until(&mut seen, |s| *s == Seen::ClosedByEngine(0)).await;
+    until_open(&pool, 0).await;
+    assert_eq!(pool.idle_count(), 0);
+}
+
 /// Which failures are connect failures.
 #[tokio::test]
 async fn connect_failures_are_told_apart() {
