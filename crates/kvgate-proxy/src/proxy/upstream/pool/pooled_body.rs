@@ -188,10 +188,9 @@ fn step(state: &mut State, buf: &mut BytesMut) -> Result<Step, H1Error> {
             State::Close if buf.is_empty() => return Ok(Step::More),
             State::Close => return Ok(Step::Frame(Frame::data(buf.split().freeze()))),
             State::Length(n) => {
-                let Some(data) = take(buf, n) else {
+                let Some((data, rest)) = take(buf, n) else {
                     return Ok(Step::More);
                 };
-                let rest = n - data.len() as u64;
                 *state = if rest == 0 {
                     State::Done
                 } else {
@@ -215,10 +214,9 @@ fn step(state: &mut State, buf: &mut BytesMut) -> Result<Step, H1Error> {
                 });
             }
             State::Chunked(Chunk::Data(n)) => {
-                let Some(data) = take(buf, n) else {
+                let Some((data, rest)) = take(buf, n) else {
                     return Ok(Step::More);
                 };
-                let rest = n - data.len() as u64;
                 *state = State::Chunked(if rest == 0 {
                     Chunk::DataEnd
                 } else {
@@ -248,13 +246,14 @@ fn step(state: &mut State, buf: &mut BytesMut) -> Result<Step, H1Error> {
     }
 }
 
-/// Up to `n` bytes from the front of `buf`; `None` when it is empty.
-fn take(buf: &mut BytesMut, n: u64) -> Option<Bytes> {
+/// Up to `n` bytes from the front of `buf`, and how many of the `n` are still to come;
+/// `None` when it is empty.
+fn take(buf: &mut BytesMut, n: u64) -> Option<(Bytes, u64)> {
     if buf.is_empty() {
         return None;
     }
     let len = usize::try_from(n).map_or(buf.len(), |n| n.min(buf.len()));
-    Some(buf.split_to(len).freeze())
+    Some((buf.split_to(len).freeze(), n - len as u64))
 }
 
 /// The size on a chunk-size line (without its `\n`): hex digits, then optional extensions
