@@ -464,7 +464,7 @@ async fn health_check(epp: &Epp, service: &str) -> Option<ServingStatus> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn health_is_serving_once_kv_streams_are_up_and_not_serving_while_draining() {
     // An endpoint whose KV-event publisher is not up yet.
-    let kv_port = free_port();
+    let (kv_socket, kv_port) = reserved_socket();
     let spy = Spy::start(Answer::Json("{}".into())).await;
     let yaml = format!(
         "endpoints:\n  - url: {}\n    model: m\n    kv_events: tcp://127.0.0.1:{kv_port}\n",
@@ -480,9 +480,7 @@ async fn health_is_serving_once_kv_streams_are_up_and_not_serving_while_draining
         Some(ServingStatus::NotServing),
         "serving before the KV stream is up"
     );
-    let _publisher = tokio::net::TcpListener::bind(("127.0.0.1", kv_port))
-        .await
-        .unwrap();
+    let _publisher = kv_socket.listen(16).unwrap();
     for service in ["", kvgate_epp::SERVICE_NAME] {
         wait_for("SERVING", Duration::from_secs(10), || async {
             health(&epp, service).await == Some(ServingStatus::Serving)

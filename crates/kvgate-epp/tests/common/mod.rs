@@ -142,10 +142,14 @@ pub fn any_port() -> SocketAddr {
     "127.0.0.1:0".parse().unwrap()
 }
 
-/// A free loopback port (bound, then released).
-pub fn free_port() -> u16 {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    l.local_addr().unwrap().port()
+/// A loopback socket bound to a port of its own but not listening: a connect to it is
+/// refused until [`tokio::net::TcpSocket::listen`] is called on it. Unlike a port bound and
+/// released, no other listener in the test run can be given the port meanwhile.
+pub fn reserved_socket() -> (tokio::net::TcpSocket, u16) {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind(any_port()).unwrap();
+    let port = socket.local_addr().unwrap().port();
+    (socket, port)
 }
 
 /// The proxy config from `yaml`, as `kvgate epp` builds it (no model refresh unless asked).
@@ -251,11 +255,13 @@ impl Envoy {
 
     /// Starts Envoy with the template filled in and waits until its listener answers.
     pub async fn start(binary: &PathBuf, epp: SocketAddr, setup: &EnvoySetup) -> Envoy {
-        let port = free_port();
-        let admin = free_port();
-        let yaml = envoy_yaml(port, admin, epp, setup);
+        // Envoy binds both ports itself (0: a port of its own) and says which: the admin
+        // address in a file, the listener's on the admin API. A port picked here and released
+        // could be taken by another test before Envoy binds it.
+        let yaml = envoy_yaml(0, 0, epp, setup);
         let dir = TempDir::new();
         let path = dir.0.join("envoy.yaml");
+        let admin_path = dir.0.join("admin-address");
         std::fs::write(&path, &yaml).unwrap();
         let log_path = std::env::var_os("KVGATE_ENVOY_LOG")
             .map_or_else(|| dir.0.join("envoy.log"), PathBuf::from);
@@ -263,6 +269,8 @@ impl Envoy {
         let child = tokio::process::Command::new(binary)
             .arg("-c")
             .arg(&path)
+            .arg("--admin-address-path")
+            .arg(&admin_path)
             .args([
                 "--disable-hot-restart",
                 "--log-level",
@@ -274,18 +282,24 @@ impl Envoy {
             .spawn()
             .unwrap();
         let mut envoy = Envoy {
-            port,
+            port: 0,
             child,
             _dir: dir,
         };
-        let ready = format!("http://127.0.0.1:{admin}/ready");
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             if let Ok(Some(status)) = envoy.child.try_wait() {
                 let log = std::fs::read_to_string(&log_path).unwrap_or_default();
                 panic!("envoy exited ({status}):\n{log}\n{yaml}");
             }
-            if get(&ready).await.is_some_and(|(s, _)| s == 200) {
+            let admin = std::fs::read_to_string(&admin_path).unwrap_or_default();
+            let admin = admin.trim();
+            if !admin.is_empty()
+                && get(&format!("http://{admin}/ready"))
+                    .await
+                    .is_some_and(|(s, _)| s == 200)
+            {
+                envoy.port = listener_port(admin).await;
                 break;
             }
             assert!(Instant::now() < deadline, "envoy not ready within 30 s");
@@ -293,6 +307,19 @@ impl Envoy {
         }
         envoy
     }
+}
+
+/// The port Envoy's one listener bound, from its admin API (`/listeners?format=json`).
+async fn listener_port(admin: &str) -> u16 {
+    let url = format!("http://{admin}/listeners?format=json");
+    let (status, body) = get(&url).await.expect("envoy's admin API answers");
+    assert_eq!(status, 200, "{url}");
+    let listeners: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    let port = &listeners["listener_statuses"][0]["local_address"]["socket_address"]["port_value"];
+    port.as_u64()
+        .and_then(|p| u16::try_from(p).ok())
+        .filter(|&p| p != 0)
+        .unwrap_or_else(|| panic!("no listener port in {listeners}"))
 }
 
 /// The Envoy config: listener → (header_to_metadata: `x-test-subset` → subset hint) →
