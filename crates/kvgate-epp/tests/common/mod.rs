@@ -266,7 +266,7 @@ impl Envoy {
         let log_path = std::env::var_os("KVGATE_ENVOY_LOG")
             .map_or_else(|| dir.0.join("envoy.log"), PathBuf::from);
         let log = std::fs::File::create(&log_path).unwrap();
-        let child = tokio::process::Command::new(binary)
+        let mut child = tokio::process::Command::new(binary)
             .arg("-c")
             .arg(&path)
             .arg("--admin-address-path")
@@ -281,14 +281,9 @@ impl Envoy {
             .kill_on_drop(true)
             .spawn()
             .unwrap();
-        let mut envoy = Envoy {
-            port: 0,
-            child,
-            _dir: dir,
-        };
         let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            if let Ok(Some(status)) = envoy.child.try_wait() {
+        let port = loop {
+            if let Ok(Some(status)) = child.try_wait() {
                 let log = std::fs::read_to_string(&log_path).unwrap_or_default();
                 panic!("envoy exited ({status}):\n{log}\n{yaml}");
             }
@@ -299,13 +294,16 @@ impl Envoy {
                     .await
                     .is_some_and(|(s, _)| s == 200)
             {
-                envoy.port = listener_port(admin).await;
-                break;
+                break listener_port(admin).await;
             }
             assert!(Instant::now() < deadline, "envoy not ready within 30 s");
             tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        Envoy {
+            port,
+            child,
+            _dir: dir,
         }
-        envoy
     }
 }
 
