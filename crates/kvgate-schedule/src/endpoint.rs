@@ -143,6 +143,10 @@ pub struct EndpointState {
     policy: HealthPolicy,
     stale_after: Duration,
     health: Mutex<Health>,
+    /// Set while `health` holds a failure or an ejection. Every request reads health and
+    /// records its success: while this is clear, neither takes the lock, so requests on
+    /// different threads do not write the same cache line.
+    failing: AtomicBool,
     models: ArcSwapOption<HashSet<ServedModel>>,
     pub(crate) load: EndpointLoad,
     metrics: ArcSwapOption<MetricsSnapshot>,
@@ -238,6 +242,7 @@ impl EndpointState {
             policy: init.policy,
             stale_after: init.stale_after,
             health: Mutex::default(),
+            failing: AtomicBool::new(false),
             models: ArcSwapOption::empty(),
             load: EndpointLoad::default(),
             metrics: ArcSwapOption::empty(),
@@ -385,6 +390,9 @@ impl EndpointState {
         if self.probe_down.load(Ordering::Relaxed) {
             return false;
         }
+        if !self.failing.load(Ordering::Acquire) {
+            return true;
+        }
         let h = self.health.lock().unwrap_or_else(PoisonError::into_inner);
         h.ejected_until.is_none_or(|until| now >= until)
     }
@@ -402,7 +410,13 @@ impl EndpointState {
 
     /// Records a successful request or probe: clears failures and ejection.
     pub fn record_success(&self) {
-        *self.health.lock().unwrap_or_else(PoisonError::into_inner) = Health::default();
+        // A success racing a failure takes effect before it, as if it had come first.
+        if !self.failing.load(Ordering::Acquire) {
+            return;
+        }
+        let mut h = self.health.lock().unwrap_or_else(PoisonError::into_inner);
+        *h = Health::default();
+        self.failing.store(false, Ordering::Release);
     }
 
     /// Records a failed request or probe. Once `failure_threshold` failures are consecutive,
@@ -410,6 +424,7 @@ impl EndpointState {
     /// ejection period (`None` while under the threshold).
     pub fn record_failure(&self, now: Instant) -> Option<Duration> {
         let mut h = self.health.lock().unwrap_or_else(PoisonError::into_inner);
+        self.failing.store(true, Ordering::Release);
         h.consecutive_failures = h.consecutive_failures.saturating_add(1);
         let threshold = self.policy.failure_threshold.max(1);
         if h.consecutive_failures < threshold {

@@ -80,6 +80,11 @@ fn health_threshold_backoff_and_reprobe() {
     e.record_success();
     assert!(e.is_healthy(t0));
     assert_eq!(e.consecutive_failures(), 0);
+    // Successes while healthy change nothing; failures after one count from zero again.
+    e.record_success();
+    assert_eq!(e.record_failure(t0), None, "under threshold again");
+    assert_eq!(e.record_failure(t0), Some(s), "ejected again");
+    assert!(!e.is_healthy(t0));
 }
 
 #[test]
