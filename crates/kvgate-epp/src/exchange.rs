@@ -91,7 +91,7 @@ pub(crate) struct Exchange {
     guard: Option<RequestGuard>,
     body: Vec<u8>,
     /// The body's share of the in-flight body budget, given back once the pick is answered.
-    reservation: Option<Reservation>,
+    reservation: Option<Reservation<'static>>,
     /// The request body was answered (routed or refused).
     routed: bool,
     subset: Option<Vec<String>>,

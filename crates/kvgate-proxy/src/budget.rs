@@ -8,10 +8,7 @@
 //! refused with 503 and `Retry-After` ([`crate::ProxyError::BodyBudgetExhausted`]), so many
 //! large uploads at once cannot exhaust the router's memory.
 
-use std::sync::{
-    Arc,
-    atomic::{AtomicU64, Ordering},
-};
+use std::sync::{Arc, atomic::Ordering};
 
 use prometheus_client::metrics::{counter::Counter, gauge::Gauge};
 
@@ -25,10 +22,9 @@ pub struct BodyBudget {
 struct Inner {
     /// The budget, in bytes.
     limit: u64,
-    /// Bytes reserved now.
-    held: AtomicU64,
-    /// `kvgate_inflight_body_bytes`.
-    gauge: Gauge,
+    /// `kvgate_inflight_body_bytes`: the bytes reserved now. Its atomic is the count itself,
+    /// so a reservation writes one shared word, not a count and a copy of it.
+    held: Gauge,
     /// `kvgate_body_budget_rejected_total`.
     rejected: Counter,
 }
@@ -48,30 +44,41 @@ pub struct BudgetExhausted {
 }
 
 impl BodyBudget {
-    /// A budget of `limit` bytes, reporting the bytes held in `gauge` and each refusal in
+    /// A budget of `limit` bytes (at most `i64::MAX`), held in `gauge` (which counts
+    /// them: it must start at zero and nothing else may change it), each refusal counted in
     /// `rejected`.
     pub fn new(limit: u64, gauge: Gauge, rejected: Counter) -> BodyBudget {
         BodyBudget {
             inner: Arc::new(Inner {
-                limit,
-                held: AtomicU64::new(0),
-                gauge,
+                // The gauge counts in an i64.
+                limit: limit.min(i64::MAX as u64),
+                held: gauge,
                 rejected,
             }),
         }
     }
 
-    /// An empty reservation, grown with [`Reservation::grow_to`].
-    pub fn reservation(&self) -> Reservation {
+    /// An empty reservation, grown with [`Reservation::grow_to`], that keeps the budget
+    /// alive on its own.
+    pub fn reservation(&self) -> Reservation<'static> {
         Reservation {
-            budget: self.inner.clone(),
+            budget: Share::Owned(self.inner.clone()),
+            bytes: 0,
+        }
+    }
+
+    /// An empty reservation that borrows the budget: no reference count is taken, which
+    /// requests on every serving thread would otherwise all write.
+    pub fn borrowed(&self) -> Reservation<'_> {
+        Reservation {
+            budget: Share::Borrowed(&self.inner),
             bytes: 0,
         }
     }
 
     /// The bytes reserved now.
     pub fn held(&self) -> u64 {
-        self.inner.held.load(Ordering::Acquire)
+        self.inner.held_now()
     }
 
     /// The budget, in bytes.
@@ -81,10 +88,17 @@ impl BodyBudget {
 }
 
 impl Inner {
+    /// The bytes reserved now.
+    fn held_now(&self) -> u64 {
+        u64::try_from(self.held.inner().load(Ordering::Acquire)).unwrap_or(0)
+    }
+
     /// Takes `more` bytes if they fit.
     fn take(&self, more: u64) -> Result<(), BudgetExhausted> {
-        let mut held = self.held.load(Ordering::Acquire);
+        let held_bytes = |v: i64| u64::try_from(v).unwrap_or(0);
+        let mut seen = self.held.inner().load(Ordering::Acquire);
         loop {
+            let held = held_bytes(seen);
             let next = held
                 .checked_add(more)
                 .filter(|next| *next <= self.limit)
@@ -102,33 +116,50 @@ impl Inner {
                     return Err(e);
                 }
             };
-            match self
-                .held
-                .compare_exchange_weak(held, next, Ordering::AcqRel, Ordering::Acquire)
-            {
-                Ok(_) => {
-                    self.gauge.inc_by(more as i64);
-                    return Ok(());
-                }
-                Err(now) => held = now,
+            // `next` is at most `limit`, which fits an i64.
+            let next = i64::try_from(next).unwrap_or(i64::MAX);
+            match self.held.inner().compare_exchange_weak(
+                seen,
+                next,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => return Ok(()),
+                Err(now) => seen = now,
             }
         }
     }
 
     fn give_back(&self, bytes: u64) {
-        self.held.fetch_sub(bytes, Ordering::AcqRel);
-        self.gauge.dec_by(bytes as i64);
+        let bytes = i64::try_from(bytes).unwrap_or(i64::MAX);
+        self.held.inner().fetch_sub(bytes, Ordering::AcqRel);
     }
 }
 
 /// One request's share of the budget; dropping it gives the bytes back.
 #[derive(Debug)]
-pub struct Reservation {
-    budget: Arc<Inner>,
+pub struct Reservation<'a> {
+    budget: Share<'a>,
     bytes: u64,
 }
 
-impl Reservation {
+/// How a reservation reaches its budget.
+#[derive(Debug)]
+enum Share<'a> {
+    Owned(Arc<Inner>),
+    Borrowed(&'a Inner),
+}
+
+impl Share<'_> {
+    fn get(&self) -> &Inner {
+        match self {
+            Share::Owned(inner) => inner,
+            Share::Borrowed(inner) => inner,
+        }
+    }
+}
+
+impl Reservation<'_> {
     /// Grows the reservation to `total` bytes (nothing when it already holds that many).
     ///
     /// # Errors
@@ -137,7 +168,7 @@ impl Reservation {
         if total <= self.bytes {
             return Ok(());
         }
-        self.budget.take(total - self.bytes)?;
+        self.budget.get().take(total - self.bytes)?;
         self.bytes = total;
         Ok(())
     }
@@ -148,10 +179,10 @@ impl Reservation {
     }
 }
 
-impl Drop for Reservation {
+impl Drop for Reservation<'_> {
     fn drop(&mut self) {
         if self.bytes > 0 {
-            self.budget.give_back(self.bytes);
+            self.budget.get().give_back(self.bytes);
         }
     }
 }
@@ -167,8 +198,10 @@ mod tests {
     /// Each step grows one of two reservations; the outcome and the total held after it.
     #[test]
     fn reservations_fit_within_the_limit() {
-        let b = budget(100);
-        let mut r = [b.reservation(), b.reservation()];
+        let gauge = Gauge::default();
+        let b = BodyBudget::new(100, gauge.clone(), Counter::default());
+        // One owning its share of the budget, one borrowing it: the same accounting.
+        let mut r = [b.reservation(), b.borrowed()];
         let steps: [(usize, u64, bool, u64); 7] = [
             (0, 60, true, 60),
             (1, 40, true, 100),
@@ -183,12 +216,13 @@ mod tests {
             assert_eq!(b.held(), held, "step {i}");
         }
         assert_eq!(b.inner.rejected.get(), 2);
-        assert_eq!(b.inner.gauge.get(), 100);
+        // The registered gauge is the count itself.
+        assert_eq!(gauge.get(), 100);
         let [first, second] = r;
         drop(first);
-        assert_eq!((b.held(), b.inner.gauge.get()), (40, 40));
+        assert_eq!((b.held(), gauge.get()), (40, 40));
         drop(second);
-        assert_eq!((b.held(), b.inner.gauge.get()), (0, 0));
+        assert_eq!((b.held(), gauge.get()), (0, 0));
     }
 
     #[test]

@@ -23,7 +23,7 @@ impl Proxy {
         &self,
         headers: &HeaderMap,
         body: Incoming,
-    ) -> Result<(Bytes, Reservation), ProxyError> {
+    ) -> Result<(Bytes, Reservation<'_>), ProxyError> {
         let limit = self.body_limit();
         let declared = headers
             .get(header::CONTENT_LENGTH)
@@ -32,7 +32,7 @@ impl Proxy {
         if declared.is_some_and(|len| len > limit as u64) {
             return Err(ProxyError::BodyTooLarge { limit });
         }
-        let mut reservation = self.body_budget.reservation();
+        let mut reservation = self.body_budget.borrowed();
         if let Some(len) = declared {
             reservation
                 .grow_to(len)
@@ -86,7 +86,7 @@ enum BodyReadError {
 }
 
 /// Collects `body`, growing `reservation` by each frame before keeping it.
-async fn collect_body<B>(body: B, reservation: &mut Reservation) -> Result<Bytes, BodyReadError>
+async fn collect_body<B>(body: B, reservation: &mut Reservation<'_>) -> Result<Bytes, BodyReadError>
 where
     B: http_body::Body<Data = Bytes>,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
