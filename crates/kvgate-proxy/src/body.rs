@@ -13,7 +13,6 @@ use http_body::{Body, Frame, SizeHint};
 use http_body_util::{BodyExt, Full, combinators::BoxBody};
 use kvgate_request::{Api, SseModelRewriter, SseUsageObserver, Usage, usage_from_json};
 use kvgate_schedule::{EndpointRegistry, EndpointState, InFlightGuard};
-use prometheus_client::metrics::counter::Counter;
 
 use crate::decision_log::LogEntry;
 
@@ -312,8 +311,6 @@ struct Stall {
     active: tokio::time::Instant,
     /// A wake-up at or before `active + timeout`, set the first time the body waits.
     deadline: Option<Pin<Box<tokio::time::Sleep>>>,
-    /// `kvgate_timeouts_total{phase="stream_idle"}`.
-    counter: Counter,
 }
 
 impl Stall {
@@ -363,15 +360,15 @@ impl StreamBody {
         }
     }
 
-    /// Ends the body with a [`StreamStalled`] error (counted in `counter`) when the engine
-    /// sends no chunk for `timeout`, from now and after each chunk.
+    /// Ends the body with a [`StreamStalled`] error (counted in
+    /// `kvgate_timeouts_total{phase="stream_idle"}`) when the engine sends no chunk for
+    /// `timeout`, from now and after each chunk.
     #[must_use]
-    pub fn with_stall_timeout(mut self, timeout: Duration, counter: Counter) -> Self {
+    pub fn with_stall_timeout(mut self, timeout: Duration) -> Self {
         self.stall = Some(Stall {
             timeout,
             active: tokio::time::Instant::now(),
             deadline: None,
-            counter,
         });
         self
     }
@@ -441,7 +438,9 @@ impl Body for StreamBody {
                     if !stall.poll_stalled(cx) {
                         return Poll::Pending;
                     }
-                    stall.counter.inc();
+                    // Found through the guard's metrics: a counter of its own in every
+                    // body would take a shared reference count for each request.
+                    this.guard.metrics.stream_idle_timeouts().inc();
                     this.done = true;
                     let e = StreamStalled {
                         timeout_ms: stall.timeout.as_millis(),
@@ -631,7 +630,6 @@ mod tests {
             timeout,
             active: start,
             deadline: None,
-            counter: Counter::default(),
         };
         async fn stalled(stall: &mut Stall) -> bool {
             std::future::poll_fn(|cx| Poll::Ready(stall.poll_stalled(cx))).await

@@ -161,7 +161,10 @@ impl Clients {
             in_flight.clone(),
             self.idle_timeouts.clone(),
         );
-        let proxy = self.proxy.clone();
+        // The connection's own handle on the proxy: each request takes a reference to it,
+        // a count only this connection's thread writes, instead of to the proxy itself,
+        // whose count every serving thread would write for every request.
+        let proxy = Arc::new(self.proxy.clone());
         let service = service_fn(move |req| {
             let proxy = proxy.clone();
             // Counted until the response body is dropped (the idle timeout waits for it).

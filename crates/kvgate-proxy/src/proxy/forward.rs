@@ -58,7 +58,7 @@ pub(super) struct Sent {
 
 impl Proxy {
     /// Serves one client request. Never fails: errors become OpenAI-shaped JSON responses.
-    pub async fn handle(self: Arc<Self>, req: http::Request<Incoming>) -> Response<ProxyBody> {
+    pub async fn handle(&self, req: http::Request<Incoming>) -> Response<ProxyBody> {
         let request_id = request_id(req.headers());
         let route = routes::resolve(req.method(), req.uri().path(), req.headers());
         let mut resp = match route {

@@ -451,7 +451,8 @@ impl Proxy {
         if let Some(log) = &mut log {
             log.status(status.as_u16());
         }
-        let usage = if content_type.starts_with("text/event-stream") {
+        let is_sse = content_type.starts_with("text/event-stream");
+        let usage = if is_sse {
             UsageWatch::sse()
         } else if content_type.starts_with("application/json") {
             UsageWatch::json()
@@ -467,7 +468,8 @@ impl Proxy {
             }),
             usage,
             log,
-            sse_oversize: Some(self.metrics.sse_oversize.clone()),
+            // Only an SSE body's watch counts oversize events.
+            sse_oversize: is_sse.then(|| self.metrics.sse_oversize.clone()),
             span: None,
         }
     }

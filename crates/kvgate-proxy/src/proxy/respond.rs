@@ -7,7 +7,6 @@ use http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode, header};
 use http_body_util::BodyExt;
 use kvgate_request::{SealedRequest, SseModelRewriter};
 use kvgate_schedule::{EndpointState, SCORES_HEADER};
-use prometheus_client::metrics::counter::Counter;
 
 use super::{
     PREDICTED_HEADER, Proxy, REQUEST_ID_NAME, SERVED_BY_NAME, UpstreamBody, forward::Sent,
@@ -64,7 +63,6 @@ impl Proxy {
         } = sent;
         let (mut parts, body) = response.into_parts();
         let stall = self.config.timeouts.stream_idle;
-        let stalls = self.metrics.stream_idle_timeouts().clone();
         strip_hop_by_hop(&mut parts.headers);
         // kvgate frames the body itself (chunked or content-length, h1 or h2).
         parts.headers.remove(header::TRANSFER_ENCODING);
@@ -93,9 +91,12 @@ impl Proxy {
             .unwrap_or("");
         let is_sse = content_type.starts_with("text/event-stream");
         let is_json = content_type.starts_with("application/json");
+        // The endpoint is kept by the realized-hit report; only a rewrite needs it too.
+        // (Each reference count taken here is a write to a word every serving thread shares.)
+        let rewrite_ep = (alias.is_some() && is_json).then(|| ep.clone());
         let realized = parts.status.is_success().then(|| Realized {
             registry: self.registry.clone(),
-            endpoint: ep.clone(),
+            endpoint: ep,
             predicted: predicted.unwrap_or(0),
         });
         if let Some(log) = &mut log {
@@ -108,7 +109,8 @@ impl Proxy {
             guards,
             realized,
             log,
-            sse_oversize: Some(self.metrics.sse_oversize.clone()),
+            // Only an SSE body's watch counts oversize events.
+            sse_oversize: is_sse.then(|| self.metrics.sse_oversize.clone()),
             span,
             usage: if is_sse {
                 UsageWatch::sse()
@@ -118,8 +120,8 @@ impl Proxy {
                 UsageWatch::None
             },
         };
-        match alias {
-            Some(asked) if is_json => Responded::Rewrite(Box::pin(
+        match (alias, rewrite_ep) {
+            (Some(asked), Some(ep)) => Responded::Rewrite(Box::pin(
                 WholeAnswer {
                     body,
                     parts,
@@ -128,21 +130,20 @@ impl Proxy {
                     guard,
                     tracker,
                     stall,
-                    stalls,
                 }
                 .rewrite(),
             )),
-            Some(asked) if is_sse => {
+            (Some(asked), None) if is_sse => {
                 parts.headers.remove(header::CONTENT_LENGTH);
                 let body =
                     StreamBody::new(body, Some(SseModelRewriter::new(asked)), guard, tracker)
-                        .with_stall_timeout(stall, stalls);
+                        .with_stall_timeout(stall);
                 Responded::Now(Response::from_parts(parts, body.boxed()))
             }
             _ => Responded::Now(Response::from_parts(
                 parts,
                 StreamBody::new(body, None, guard, tracker)
-                    .with_stall_timeout(stall, stalls)
+                    .with_stall_timeout(stall)
                     .boxed(),
             )),
         }
@@ -170,7 +171,6 @@ struct WholeAnswer {
     guard: RequestGuard,
     tracker: Tracker,
     stall: Duration,
-    stalls: Counter,
 }
 
 impl WholeAnswer {
@@ -185,7 +185,6 @@ impl WholeAnswer {
             mut guard,
             tracker,
             stall,
-            stalls,
         } = self;
         match collect_within(body, MAX_REWRITE_BODY).await {
             Collected::Whole(bytes) => {
@@ -206,7 +205,7 @@ impl WholeAnswer {
                 );
                 let body = StreamBody::new(rest, None, guard, tracker)
                     .with_prefix(head)
-                    .with_stall_timeout(stall, stalls);
+                    .with_stall_timeout(stall);
                 Ok(Response::from_parts(parts, body.boxed()))
             }
             Collected::Failed(e) => {
