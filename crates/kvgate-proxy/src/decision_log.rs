@@ -23,19 +23,22 @@
 //!   "total":1.0,"predicted_cached_tokens":2192,"load":{…},"scores":[…]}, …]}]}}
 //! ```
 
-use std::collections::VecDeque;
 use std::fs::File;
 use std::io::{self, BufWriter, Write};
 use std::path::Path;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender, TryRecvError, TrySendError, sync_channel};
-use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use kvgate_schedule::{Decision, DecisionView};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::registry::Registry;
 use serde::Serialize;
+
+mod recent;
+
+pub use self::recent::RecentDecisions;
 
 /// Lines queued for the writer before new ones are dropped.
 const QUEUE_LINES: usize = 16_384;
@@ -207,16 +210,6 @@ impl DecisionRecord {
     }
 }
 
-/// The last few finished decisions, newest first when read (a bounded ring: the oldest is
-/// dropped when full). A record keeps its scheduler decision unrendered until it is read:
-/// rendering takes allocations for every candidate and scorer, and most records are never
-/// read.
-#[derive(Debug)]
-pub struct RecentDecisions {
-    capacity: usize,
-    ring: Mutex<VecDeque<Box<Kept>>>,
-}
-
 /// A record, its `decision` view still to be rendered from `source` when there is one. Boxed
 /// from the pick on: the entry moves with the pick and the response body, and the ring takes
 /// it, by pointer.
@@ -233,41 +226,6 @@ impl Kept {
             record.decision = decision.to_view();
         }
         record
-    }
-}
-
-impl RecentDecisions {
-    /// Decisions kept by default.
-    pub const DEFAULT_CAPACITY: usize = 50;
-
-    /// An empty ring keeping at most `capacity` records.
-    pub fn new(capacity: usize) -> RecentDecisions {
-        RecentDecisions {
-            capacity,
-            ring: Mutex::new(VecDeque::with_capacity(capacity)),
-        }
-    }
-
-    fn push(&self, kept: Box<Kept>) {
-        if self.capacity == 0 {
-            return;
-        }
-        let evicted = {
-            let mut ring = self.ring.lock().unwrap_or_else(PoisonError::into_inner);
-            let evicted = (ring.len() >= self.capacity)
-                .then(|| ring.pop_front())
-                .flatten();
-            ring.push_back(kept);
-            evicted
-        };
-        // Freed outside the lock.
-        drop(evicted);
-    }
-
-    /// The records, newest first.
-    pub fn newest_first(&self) -> Vec<DecisionRecord> {
-        let ring = self.ring.lock().unwrap_or_else(PoisonError::into_inner);
-        ring.iter().rev().map(|k| k.rendered()).collect()
     }
 }
 
@@ -376,7 +334,7 @@ impl Drop for LogEntry {
                 Err(e) => tracing::warn!(error = %e, "decision log line not serializable"),
             }
         }
-        self.recent.push(kept);
+        self.recent.push(self.started, kept);
     }
 }
 
