@@ -303,12 +303,15 @@ pub struct StreamBody {
 
 /// The between-chunks timeout of a [`StreamBody`]. The timer exists only once the engine
 /// keeps the body waiting (most non-streamed answers arrive whole with their headers), and a
-/// chunk only notes the time: the timer is moved when it fires early, not at every chunk.
+/// chunk only marks the time to be read: the first wait after it reads the clock, and the
+/// timer is moved when it fires early, not at every chunk. A body that never waits (an
+/// answer that came whole) reads no clock.
 #[derive(Debug)]
 struct Stall {
     timeout: Duration,
-    /// When the body was wrapped or last gave a chunk.
-    active: tokio::time::Instant,
+    /// When the body started waiting after it was wrapped or last gave a chunk (`None`:
+    /// it has not waited since; the next wait reads the clock).
+    active: Option<tokio::time::Instant>,
     /// A wake-up at or before `active + timeout`, set the first time the body waits.
     deadline: Option<Pin<Box<tokio::time::Sleep>>>,
 }
@@ -316,7 +319,8 @@ struct Stall {
 impl Stall {
     /// Whether the engine has sent nothing for the timeout; registers the wake-up otherwise.
     fn poll_stalled(&mut self, cx: &mut Context<'_>) -> bool {
-        let due = self.active + self.timeout;
+        let active = *self.active.get_or_insert_with(tokio::time::Instant::now);
+        let due = active + self.timeout;
         let deadline = self
             .deadline
             .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(due)));
@@ -324,7 +328,7 @@ impl Stall {
             if deadline.as_mut().poll(cx).is_pending() {
                 return false;
             }
-            let due = self.active + self.timeout;
+            let due = active + self.timeout;
             if due <= tokio::time::Instant::now() {
                 return true;
             }
@@ -361,13 +365,13 @@ impl StreamBody {
     }
 
     /// Ends the body with a [`StreamStalled`] error (counted in
-    /// `kvgate_timeouts_total{phase="stream_idle"}`) when the engine sends no chunk for
-    /// `timeout`, from now and after each chunk.
+    /// `kvgate_timeouts_total{phase="stream_idle"}`) when the engine keeps it waiting for
+    /// `timeout`: for its first chunk, or for the next one after each.
     #[must_use]
     pub fn with_stall_timeout(mut self, timeout: Duration) -> Self {
         self.stall = Some(Stall {
             timeout,
-            active: tokio::time::Instant::now(),
+            active: None,
             deadline: None,
         });
         self
@@ -451,7 +455,7 @@ impl Body for StreamBody {
                 }
                 Poll::Ready(Some(Ok(frame))) => {
                     if let Some(stall) = this.stall.as_mut() {
-                        stall.active = tokio::time::Instant::now();
+                        stall.active = None;
                     }
                     if let (Some(tracker), Some(data)) = (this.tracker.as_mut(), frame.data_ref()) {
                         tracker.first_byte();
@@ -628,7 +632,7 @@ mod tests {
         let start = Instant::now();
         let mut stall = Stall {
             timeout,
-            active: start,
+            active: Some(start),
             deadline: None,
         };
         async fn stalled(stall: &mut Stall) -> bool {
@@ -636,7 +640,9 @@ mod tests {
         }
         assert!(!stalled(&mut stall).await, "stalled at once");
         advance(Duration::from_millis(200)).await;
-        stall.active = Instant::now();
+        // A chunk; the wait after it starts at once.
+        stall.active = None;
+        assert!(!stalled(&mut stall).await, "stalled as the chunk came");
         advance(Duration::from_millis(200)).await;
         assert!(!stalled(&mut stall).await, "stalled 200 ms after a chunk");
         advance(Duration::from_millis(99)).await;

@@ -249,18 +249,19 @@ impl LogEntry {
         recent: Arc<RecentDecisions>,
         record: DecisionRecord,
     ) -> LogEntry {
-        LogEntry::keeping(log, recent, record, None)
+        LogEntry::keeping(log, recent, record, None, Instant::now())
     }
 
-    /// Starts the entry of `decision`, whose view `record` leaves empty: rendered when the
-    /// line is written to the log, or when `/debug/state` reads it.
+    /// Starts the entry of `decision`, made at `decided`, whose view `record` leaves empty:
+    /// rendered when the line is written to the log, or when `/debug/state` reads it.
     pub(crate) fn unrendered(
         log: Option<DecisionLog>,
         recent: Arc<RecentDecisions>,
         record: DecisionRecord,
         decision: Decision,
+        decided: Instant,
     ) -> LogEntry {
-        LogEntry::keeping(log, recent, record, Some(decision))
+        LogEntry::keeping(log, recent, record, Some(decision), decided)
     }
 
     fn keeping(
@@ -268,11 +269,12 @@ impl LogEntry {
         recent: Arc<RecentDecisions>,
         record: DecisionRecord,
         source: Option<Decision>,
+        started: Instant,
     ) -> LogEntry {
         LogEntry {
             log,
             recent,
-            started: Instant::now(),
+            started,
             kept: Some(Box::new(Kept { record, source })),
         }
     }

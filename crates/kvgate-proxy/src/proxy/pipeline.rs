@@ -63,6 +63,11 @@ impl Routed {
         &self.sealed
     }
 
+    /// When [`Proxy::route`] had the request's facts (tokens included).
+    pub(super) fn facts_at(&self) -> Instant {
+        self.facts_at
+    }
+
     /// The endpoints picked so far, in order.
     pub fn tried(&self) -> &[Arc<EndpointState>] {
         &self.tried
@@ -397,9 +402,11 @@ impl Proxy {
             routed.tokenizer.map(BackendKind::label),
             predicted,
         );
-        record.router = routed.arrived.map(|(arrived, body)| {
-            RouterTimes::new(arrived, body, routed.facts_at, Instant::now())
-        });
+        // One clock read for the record's router times and its entry's start.
+        let decided = Instant::now();
+        record.router = routed
+            .arrived
+            .map(|(arrived, body)| RouterTimes::new(arrived, body, routed.facts_at, decided));
         let endpoint = decision.endpoint().clone();
         let fallbacks = fallbacks(decision.primary(), endpoint.name());
         let headers = decision.headers().to_vec();
@@ -410,6 +417,7 @@ impl Proxy {
             Arc::clone(&self.recent),
             record,
             decision,
+            decided,
         ));
         if let Some(p) = routed.pending.take() {
             let pins = guards
