@@ -10,10 +10,9 @@ use kvgate_schedule::{EndpointState, SCORES_HEADER};
 
 use super::{
     PREDICTED_HEADER, Proxy, REQUEST_ID_NAME, SERVED_BY_NAME, UpstreamBody, forward::Sent,
-    pipeline::Pick,
 };
 use crate::{
-    body::{BoxError, ProxyBody, Realized, RequestGuard, StreamBody, Tracker, UsageWatch, full},
+    body::{BoxError, ProxyBody, RequestGuard, StreamBody, Tracker, full},
     error::ProxyError,
     otel::RequestSpan,
 };
@@ -49,18 +48,7 @@ impl Proxy {
         mut guard: RequestGuard,
         mut span: Option<Box<RequestSpan>>,
     ) -> Responded {
-        let Sent {
-            response,
-            pick:
-                Pick {
-                    endpoint: ep,
-                    guards,
-                    predicted,
-                    scores,
-                    mut log,
-                    ..
-                },
-        } = sent;
+        let Sent { response, mut pick } = sent;
         let (mut parts, body) = response.into_parts();
         let stall = self.config.timeouts.stream_idle;
         strip_hop_by_hop(&mut parts.headers);
@@ -69,17 +57,22 @@ impl Proxy {
         // An engine's own copy never reaches the client; kvgate's only with the flag.
         parts.headers.remove(SERVED_BY_NAME);
         if self.config.expose_internals
-            && let Ok(v) = HeaderValue::from_str(ep.name())
+            && let Ok(v) = HeaderValue::from_str(pick.endpoint.name())
         {
             parts.headers.insert(SERVED_BY_NAME, v);
         }
-        if let Some(v) = scores.and_then(|s| HeaderValue::from_str(&s).ok()) {
+        if let Some(v) = pick
+            .scores
+            .take()
+            .and_then(|s| HeaderValue::from_str(&s).ok())
+        {
             parts.headers.insert(SCORES_HEADER, v);
-            parts
-                .headers
-                .insert(PREDICTED_HEADER, HeaderValue::from(predicted.unwrap_or(0)));
+            parts.headers.insert(
+                PREDICTED_HEADER,
+                HeaderValue::from(pick.predicted.unwrap_or(0)),
+            );
         }
-        guard.set_outcome(parts.status.as_u16(), Some(ep.name().to_owned()));
+        guard.set_outcome(parts.status.as_u16(), Some(pick.endpoint.name().to_owned()));
         let alias = match (sealed.requested_model(), sealed.model()) {
             (Some(asked), Some(sent)) if asked != sent => Some(asked.to_owned()),
             _ => None,
@@ -91,35 +84,15 @@ impl Proxy {
             .unwrap_or("");
         let is_sse = content_type.starts_with("text/event-stream");
         let is_json = content_type.starts_with("application/json");
-        // The endpoint is kept by the realized-hit report; only a rewrite needs it too.
-        // (Each reference count taken here is a write to a word every serving thread shares.)
-        let rewrite_ep = (alias.is_some() && is_json).then(|| ep.clone());
-        let realized = parts.status.is_success().then(|| Realized {
-            registry: self.registry.clone(),
-            endpoint: ep,
-            predicted: predicted.unwrap_or(0),
-        });
-        if let Some(log) = &mut log {
-            log.status(parts.status.as_u16());
-        }
+        // The tracker keeps the endpoint for the realized-hit report; only a rewrite needs
+        // it too. (Each reference count taken here is a write to a word every serving thread
+        // shares.)
+        let rewrite_ep = (alias.is_some() && is_json).then(|| pick.endpoint.clone());
         if let Some(span) = &mut span {
             span.status(parts.status.as_u16());
         }
-        let tracker = Tracker {
-            guards,
-            realized,
-            log,
-            // Only an SSE body's watch counts oversize events.
-            sse_oversize: is_sse.then(|| self.metrics.sse_oversize.clone()),
-            span,
-            usage: if is_sse {
-                UsageWatch::sse()
-            } else if is_json {
-                UsageWatch::json()
-            } else {
-                UsageWatch::None
-            },
-        };
+        let mut tracker = self.response_tracker(pick, parts.status, content_type);
+        tracker.span = span;
         match (alias, rewrite_ep) {
             (Some(asked), Some(ep)) => Responded::Rewrite(Box::pin(
                 WholeAnswer {
