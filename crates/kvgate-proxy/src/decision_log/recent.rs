@@ -83,17 +83,21 @@ impl RecentDecisions {
         drop(evicted);
     }
 
-    /// The records, newest first: the newest `capacity` of all threads' rings.
+    /// The records, newest first: the newest `capacity` of all threads' rings. Only those
+    /// are rendered; every ring is held while they are picked (a request holds one, so
+    /// the order of taking them cannot deadlock).
     pub fn newest_first(&self) -> Vec<DecisionRecord> {
-        let mut all: Vec<(Instant, DecisionRecord)> = Vec::new();
-        for shard in &self.shards {
-            let ring = shard.0.lock().unwrap_or_else(PoisonError::into_inner);
-            all.extend(ring.iter().rev().map(|(at, k)| (*at, k.rendered())));
-        }
+        let rings: Vec<_> = self
+            .shards
+            .iter()
+            .map(|s| s.0.lock().unwrap_or_else(PoisonError::into_inner))
+            .collect();
+        let mut all: Vec<&(Instant, Box<Kept>)> =
+            rings.iter().flat_map(|ring| ring.iter().rev()).collect();
         // Stable: records of one ring made at the same instant stay newest first.
-        all.sort_by_key(|&(at, _)| std::cmp::Reverse(at));
+        all.sort_by_key(|(at, _)| std::cmp::Reverse(*at));
         all.truncate(self.capacity);
-        all.into_iter().map(|(_, r)| r).collect()
+        all.into_iter().map(|(_, k)| k.rendered()).collect()
     }
 }
 
