@@ -328,7 +328,6 @@ impl Stall {
             if deadline.as_mut().poll(cx).is_pending() {
                 return false;
             }
-            let due = active + self.timeout;
             if due <= tokio::time::Instant::now() {
                 return true;
             }

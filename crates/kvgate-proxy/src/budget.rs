@@ -90,12 +90,11 @@ impl BodyBudget {
 impl Inner {
     /// The bytes reserved now.
     fn held_now(&self) -> u64 {
-        u64::try_from(self.held.inner().load(Ordering::Acquire)).unwrap_or(0)
+        held_bytes(self.held.inner().load(Ordering::Acquire))
     }
 
     /// Takes `more` bytes if they fit.
     fn take(&self, more: u64) -> Result<(), BudgetExhausted> {
-        let held_bytes = |v: i64| u64::try_from(v).unwrap_or(0);
         let mut seen = self.held.inner().load(Ordering::Acquire);
         loop {
             let held = held_bytes(seen);
@@ -134,6 +133,11 @@ impl Inner {
         let bytes = i64::try_from(bytes).unwrap_or(i64::MAX);
         self.held.inner().fetch_sub(bytes, Ordering::AcqRel);
     }
+}
+
+/// The gauge's count as bytes (it never goes below zero).
+fn held_bytes(count: i64) -> u64 {
+    u64::try_from(count).unwrap_or(0)
 }
 
 /// One request's share of the budget; dropping it gives the bytes back.
