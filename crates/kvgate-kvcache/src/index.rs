@@ -16,6 +16,7 @@
 mod apply;
 mod confirm;
 mod endpoint;
+pub(crate) mod groups;
 pub(crate) mod holders;
 mod ring;
 mod store;
@@ -32,6 +33,7 @@ use crate::event::Tier;
 use crate::keys::{BlockKey, BlockKeys};
 use crate::metrics::{EndpointMetrics, KvMetrics};
 use endpoint::EndpointState;
+pub use groups::{CacheGroup, CacheGroups, GroupRule};
 use holders::{Holders, Holding};
 use store::BlockStore;
 pub use stream::StreamHealth;
@@ -199,6 +201,9 @@ pub(crate) struct Inner {
     /// Endpoints whose holdings are unconfirmed (scoring skips them); lets scoring skip the
     /// per-candidate check while it is 0.
     pub(crate) unconfirmed: AtomicUsize,
+    /// Set once any endpoint has a KV cache group besides its primary one; until then
+    /// scoring skips the hybrid rule's per-candidate check.
+    pub(crate) any_hybrid: AtomicBool,
 }
 
 /// One registered endpoint.
@@ -217,6 +222,9 @@ pub(crate) struct EndpointSlot {
     /// `state`'s count of real holdings, published by its writer after each change so
     /// that scoring reads it without the lock.
     pub(crate) live: AtomicUsize,
+    /// The endpoint's KV cache groups besides the primary one (hybrid models), learned from
+    /// its events; read by scoring without the lock.
+    pub(crate) groups: groups::GroupLayout,
     pub(crate) state: Mutex<EndpointState>,
 }
 
@@ -247,6 +255,7 @@ impl KvIndex {
                 clock,
                 metrics,
                 unconfirmed: AtomicUsize::new(0),
+                any_hybrid: AtomicBool::new(false),
             }),
         }
     }
@@ -277,6 +286,7 @@ impl KvIndex {
                     unconfirmed: AtomicBool::new(false),
                     stream: stream::StreamStatus::default(),
                     live: AtomicUsize::new(0),
+                    groups: groups::GroupLayout::default(),
                     state: Mutex::new(EndpointState::new(capacity)),
                     spec,
                 };
@@ -345,6 +355,23 @@ impl KvIndex {
             .is_some_and(|s| s.degraded.load(Ordering::Relaxed))
     }
 
+    /// The endpoint's KV cache groups as its events showed them (hybrid models have more than
+    /// one); empty for an unknown endpoint.
+    pub fn cache_groups(&self, id: EndpointId) -> CacheGroups {
+        let Some(slot) = self.slot(id) else {
+            return CacheGroups::default();
+        };
+        let others = slot.groups.get().iter().collect();
+        let st = slot.lock();
+        CacheGroups {
+            primary: st.primary_group,
+            others,
+            ignored: (0..64)
+                .filter(|g| st.ignored_groups & (1 << g) != 0)
+                .collect(),
+        }
+    }
+
     /// Approximate mode: records that `keys` were routed to `id` (real GPU holdings, aged by
     /// the endpoint's LRU bound).
     pub fn record_routing(&self, id: EndpointId, keys: &BlockKeys) {
@@ -366,12 +393,30 @@ impl KvIndex {
     /// or as it is after it, never a part of the insertion (a sibling of a burst that looked
     /// up while the first request's holdings were extended would otherwise be placed on
     /// however far the extension had got).
+    ///
+    /// A hybrid endpoint's other KV cache groups get theirs too: a sliding-window (or Mamba)
+    /// group the blocks that end the prompt, as vLLM keeps them, another full-attention group
+    /// every block.
     pub fn insert_speculative(&self, id: EndpointId, keys: &BlockKeys) {
         let now = self.inner.clock.now_ms();
         let ttl = self.inner.config.speculative_ttl.as_millis() as u64;
         let deadline = now.wrapping_add(ttl.max(1)) as u32;
         let mut queued = Vec::with_capacity(keys.len());
-        for k in keys.keys.iter().rev() {
+        let groups = self.slot(id).map(|s| s.groups.get()).unwrap_or_default();
+        let grouped = groups.iter().flat_map(|g| {
+            let n = match g.rule {
+                GroupRule::Run(n) => usize::from(n),
+                GroupRule::Prefix => keys.len(),
+            };
+            keys.keys
+                .iter()
+                .rev()
+                .take(n)
+                .map(move |k| groups::group_key(k.0, g.group_idx))
+        });
+        let all: Vec<u64> = grouped.chain(keys.keys.iter().rev().map(|k| k.0)).collect();
+        for k in all {
+            let k = BlockKey(k);
             let new = Holding::speculative(id.0, deadline);
             let fast = self.inner.blocks.put_speculative_word(k.0, new);
             let inserted = fast.unwrap_or_else(|| {

@@ -35,8 +35,8 @@ pub use codec::{
 };
 pub use event::{BlockHash, BlockRemoved, BlockStored, ExtraKey, KvEvent, KvEventBatch, Tier};
 pub use index::{
-    BuildKeyHasher, EndpointId, EndpointKey, EndpointSpec, IndexConfig, IndexStats, KeyHasher,
-    KvIndex, StreamHealth, TierWeights,
+    BuildKeyHasher, CacheGroup, CacheGroups, EndpointId, EndpointKey, EndpointSpec, GroupRule,
+    IndexConfig, IndexStats, KeyHasher, KvIndex, StreamHealth, TierWeights,
 };
 pub use keys::{BlockKey, BlockKeys, KeyScope, MmSpan, block_keys, block_keys_with_mm, root_key};
 pub use metrics::KvMetrics;

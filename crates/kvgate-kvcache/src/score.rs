@@ -26,11 +26,13 @@
 //! block 0's set stands in for the candidates: only the survivors of a first cut are ever
 //! copied, and the result rows are written straight from block 0's holders.
 
+use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 mod drops;
 mod walk;
 
+use crate::index::groups::{group_key, hybrid_hit};
 use crate::index::holders::Snap;
 use crate::index::{EndpointId, KvIndex};
 use crate::keys::BlockKeys;
@@ -195,6 +197,36 @@ impl KvIndex {
             }
         }
         out.endpoints = w.rows(pos as u32, total, keys.block_size);
+        if self.inner.any_hybrid.load(Ordering::Acquire) {
+            self.cut_by_groups(keys, &mut out.endpoints);
+        }
         out
+    }
+
+    /// Hybrid models: each candidate's hit cut to what its other KV cache groups hold, by
+    /// vLLM's rule ([`crate::index`]'s `groups` module); the score shrinks with the hit.
+    fn cut_by_groups(&self, keys: &BlockKeys, rows: &mut [EndpointScore]) {
+        let blocks = &self.inner.blocks;
+        let now = self.inner.clock.now_ms() as u32;
+        for row in rows.iter_mut().filter(|r| r.matched_blocks > 0) {
+            let Some(slot) = self.slot(row.endpoint) else {
+                continue;
+            };
+            let groups = slot.groups.get();
+            if groups.is_empty() {
+                continue;
+            }
+            let ep = row.endpoint.0;
+            let hit = hybrid_hit(row.matched_blocks, groups, |g, i| {
+                keys.keys
+                    .get(i as usize)
+                    .is_some_and(|k| blocks.holds_live(group_key(k.0, g), ep, now))
+            });
+            if hit < row.matched_blocks {
+                row.score *= f64::from(hit) / f64::from(row.matched_blocks);
+                row.matched_blocks = hit;
+                row.predicted_cached_tokens = u64::from(hit) * u64::from(keys.block_size);
+            }
+        }
     }
 }

@@ -8,13 +8,26 @@
 //! `[id, offset]` arrays and other strings become per-block extras, and in block 0 the last
 //! bare string is the cache salt.
 
+use std::sync::atomic::Ordering;
+
 use crate::event::{BlockRemoved, BlockStored, ExtraKey, KvEvent, KvEventBatch, Tier};
 use crate::index::endpoint::{self, EndpointState};
+use crate::index::groups::{self, CacheGroup, group_hash, group_key};
 use crate::index::{EndpointId, EndpointSlot, KvIndex};
 use crate::keys::{BlockKey, KeyScope, chain_key, extra_hash, mm_extra_hash, root_key};
 
-/// Spec kinds whose blocks hold the whole prefix (scored); other groups are ignored.
+/// Spec kinds whose blocks hold the whole prefix: the first such group is the primary one.
 const FULL_ATTENTION_KINDS: [&str; 3] = ["full_attention", "mla_attention", "sink_full_attention"];
+
+/// What an event's group is to the index.
+enum Role {
+    /// The primary group (or an event without group fields): builds the router keys.
+    Primary,
+    /// A modelled group besides the primary one.
+    Other(u8),
+    /// A group the index does not model: counted and skipped.
+    Ignored(Option<u8>),
+}
 
 impl KvIndex {
     /// Applies a batch's events in order to endpoint `id`. Events of one endpoint must come
@@ -25,6 +38,7 @@ impl KvIndex {
         for ev in &batch.events {
             self.apply_locked(&slot, &mut st, ev);
         }
+        self.flush_deferred(&slot, &mut st);
         endpoint::evict_to_capacity(&self.inner.blocks, &slot, &mut st);
     }
 
@@ -33,6 +47,7 @@ impl KvIndex {
         let Some(slot) = self.slot(id) else { return };
         let mut st = slot.lock();
         self.apply_locked(&slot, &mut st, ev);
+        self.flush_deferred(&slot, &mut st);
         endpoint::evict_to_capacity(&self.inner.blocks, &slot, &mut st);
     }
 
@@ -53,20 +68,89 @@ impl KvIndex {
         }
     }
 
-    fn apply_stored(&self, slot: &EndpointSlot, st: &mut EndpointState, s: &BlockStored) {
-        if let Some(kind) = &s.kv_cache_spec_kind
-            && !FULL_ATTENTION_KINDS.contains(&kind.as_str())
-        {
-            if let Some(g) = s
-                .group_idx
-                .and_then(|g| u32::try_from(g).ok())
-                .filter(|g| *g < 64)
-            {
-                st.ignored_groups |= 1 << g;
+    /// The role of a stored event's group, learning the endpoint's groups on the way.
+    fn role_of_stored(&self, slot: &EndpointSlot, st: &mut EndpointState, s: &BlockStored) -> Role {
+        let Some(kind) = s.kv_cache_spec_kind.as_deref() else {
+            return Role::Primary;
+        };
+        let g = s
+            .group_idx
+            .and_then(|g| u8::try_from(g).ok())
+            .filter(|g| *g < 64);
+        let full = FULL_ATTENTION_KINDS.contains(&kind);
+        if full && (st.primary_group.is_none() || st.primary_group == g) {
+            if st.primary_group.is_none() {
+                st.primary_group = g;
             }
-            slot.metrics.other_group.inc();
+            return Role::Primary;
+        }
+        let Some(g) = g else {
+            return Role::Ignored(None);
+        };
+        let rbs = slot.spec.block_size;
+        let same_size = s.block_size == 0 || s.block_size == rbs;
+        match groups::rule_of(kind, s.kv_cache_spec_sliding_window, rbs) {
+            Some(rule) if same_size => {
+                let group = CacheGroup { group_idx: g, rule };
+                if slot.groups.get().find(g) != Some(group) {
+                    if !slot.groups.put(group) {
+                        return Role::Ignored(Some(g));
+                    }
+                    self.inner.any_hybrid.store(true, Ordering::Release);
+                    tracing::info!(endpoint = %slot.label, group = g, kind, rule = ?rule, "kv cache group indexed");
+                }
+                Role::Other(g)
+            }
+            _ => Role::Ignored(Some(g)),
+        }
+    }
+
+    fn apply_stored(&self, slot: &EndpointSlot, st: &mut EndpointState, s: &BlockStored) {
+        match self.role_of_stored(slot, st, s) {
+            Role::Primary => {}
+            Role::Other(g) => {
+                // Resolved once the primary group's event of the same span is applied.
+                let tier = Tier::from_medium(s.medium.as_deref());
+                let hashes = s.block_hashes.iter().map(|h| h.to_u64()).collect();
+                st.deferred.push((g, tier, hashes));
+                return;
+            }
+            Role::Ignored(g) => {
+                if let Some(g) = g {
+                    st.ignored_groups |= 1 << g;
+                }
+                slot.metrics.other_group.inc();
+                return;
+            }
+        }
+        self.apply_primary(slot, st, s);
+        self.flush_deferred(slot, st);
+    }
+
+    /// Holds the deferred hashes of non-primary groups under their group keys: each engine
+    /// hash names the same block in every group, so the primary group's map places it.
+    fn flush_deferred(&self, slot: &EndpointSlot, st: &mut EndpointState) {
+        if st.deferred.is_empty() {
             return;
         }
+        let blocks = &self.inner.blocks;
+        for (g, tier, hashes) in std::mem::take(&mut st.deferred) {
+            for eh in hashes {
+                match st.ring.resolve(eh) {
+                    Some(key) => {
+                        let named = Some(group_hash(eh, g));
+                        let _ =
+                            endpoint::add_holding(blocks, slot, st, group_key(key, g), tier, named);
+                    }
+                    None => {
+                        slot.metrics.unresolved_hash.inc();
+                    }
+                }
+            }
+        }
+    }
+
+    fn apply_primary(&self, slot: &EndpointSlot, st: &mut EndpointState, s: &BlockStored) {
         let blocks = &self.inner.blocks;
         let tier = Tier::from_medium(s.medium.as_deref());
         if s.token_ids.is_empty() {
@@ -149,13 +233,33 @@ impl KvIndex {
     }
 
     fn apply_removed(&self, slot: &EndpointSlot, st: &mut EndpointState, r: &BlockRemoved) {
-        if let Some(g) = r
+        let g = r
             .group_idx
-            .and_then(|g| u32::try_from(g).ok())
-            .filter(|g| *g < 64)
-            && st.ignored_groups & (1 << g) != 0
-        {
+            .and_then(|g| u8::try_from(g).ok())
+            .filter(|g| *g < 64);
+        if g.is_some_and(|g| st.ignored_groups & (1 << g) != 0) {
             slot.metrics.other_group.inc();
+            return;
+        }
+        let other = g.filter(|g| {
+            st.primary_group.is_some_and(|p| p != *g) && slot.groups.get().find(*g).is_some()
+        });
+        if let Some(g) = other {
+            // A store of the same batch still waiting for its span comes first.
+            self.flush_deferred(slot, st);
+            let tier = Tier::from_medium(r.medium.as_deref());
+            for h in &r.block_hashes {
+                let named = group_hash(h.to_u64(), g);
+                let Some(key) = st.ring.resolve(named) else {
+                    slot.metrics.unresolved_hash.inc();
+                    continue;
+                };
+                let (_, still_held) =
+                    endpoint::remove_holding(&self.inner.blocks, slot, st, key, tier);
+                if !still_held {
+                    st.ring.forget(named);
+                }
+            }
             return;
         }
         let tier = Tier::from_medium(r.medium.as_deref());

@@ -19,8 +19,14 @@ pub(crate) struct EndpointState {
     pub(crate) live: usize,
     /// Bound on `live`.
     pub(crate) capacity: usize,
-    /// KV-cache groups whose events are ignored (not full attention), bit per `group_idx`.
+    /// KV-cache groups whose events are ignored (kinds the index does not model), bit per
+    /// `group_idx`.
     pub(crate) ignored_groups: u64,
+    /// The group whose events build the router keys (the first full-attention group seen).
+    pub(crate) primary_group: Option<u8>,
+    /// Other groups' stored hashes waiting for the primary group's event of the same span
+    /// (see [`super::groups`]): group, tier, engine hashes.
+    pub(crate) deferred: Vec<(u8, Tier, Vec<u64>)>,
 }
 
 impl EndpointState {
@@ -30,6 +36,8 @@ impl EndpointState {
             live: 0,
             capacity,
             ignored_groups: 0,
+            primary_group: None,
+            deferred: Vec::new(),
         }
     }
 
@@ -219,5 +227,8 @@ pub(crate) fn drop_all(blocks: &BlockStore, slot: &EndpointSlot, st: &mut Endpoi
     }
     st.live = 0;
     st.ignored_groups = 0;
+    st.primary_group = None;
+    st.deferred.clear();
+    slot.groups.clear();
     publish_live(slot, st);
 }

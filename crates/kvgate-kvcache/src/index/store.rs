@@ -145,6 +145,19 @@ impl BlockStore {
         }
     }
 
+    /// True when `ep` holds the block, for real or speculatively and not expired at `now`.
+    pub(crate) fn holds_live(&self, key: u64, ep: u32, now: u32) -> bool {
+        let live = |h: &Holding| h.ep == ep && !h.is_expired(now);
+        match self.main.read_sync(&key, |_, w| word(*w)) {
+            None => false,
+            Some(Word::One(h)) => live(&h),
+            Some(Word::Many(_)) => self
+                .many
+                .read_sync(&key, |_, m| m.holdings().iter().any(live))
+                .unwrap_or(false),
+        }
+    }
+
     /// Runs `f` on the block's holdings (sorted by endpoint, tier); None when nobody holds it.
     pub(crate) fn read<R>(&self, key: u64, f: impl FnOnce(&[Holding]) -> R) -> Option<R> {
         self.snapshot(key).map(|s| f(s.as_slice()))

@@ -652,3 +652,151 @@ fn engine_hashes_follow_their_holdings_through_the_index_bound() {
         assert_eq!(resolves, want_resolves, "{name}");
     }
 }
+
+/// A hybrid engine's events as vLLM 0.32 publishes them (seen on a Gemma3-shaped model: group
+/// 0 a 128-token sliding window, group 1 full attention, blocks of 16 here): the window group
+/// lists only the blocks that end the prompt, decode blocks only in the full group.
+#[test]
+fn hybrid_groups_cut_the_hit_by_vllms_rule() {
+    let full = |hashes: &[u64], parent: Option<u64>, tokens: std::ops::Range<u32>| {
+        let mut s = stored(hashes, parent, tokens);
+        s.group_idx = Some(1);
+        s.kv_cache_spec_kind = Some("full_attention".into());
+        KvEvent::BlockStored(s)
+    };
+    let window = |hashes: &[u64], parent: Option<u64>, tokens: std::ops::Range<u32>| {
+        let mut s = stored(hashes, parent, tokens);
+        s.group_idx = Some(0);
+        s.kv_cache_spec_kind = Some("sliding_window".into());
+        s.kv_cache_spec_sliding_window = Some(128);
+        KvEvent::BlockStored(s)
+    };
+    let removed = |hash: u64, group: i64| {
+        KvEvent::BlockRemoved(BlockRemoved {
+            block_hashes: vec![BlockHash::Int(hash)],
+            group_idx: Some(group),
+            ..Default::default()
+        })
+    };
+    // A 16-block prompt: the window group (run of ceil(127/16) = 8 blocks) keeps blocks 8-15;
+    // then a decode block 16, in the full group only.
+    let prefill = vec![
+        window(&(108..116).collect::<Vec<_>>(), None, 0..256),
+        full(&(100..116).collect::<Vec<_>>(), None, 0..256),
+    ];
+    let decode = vec![
+        window(&[], Some(115), 256..272),
+        full(&[116], Some(115), 256..272),
+    ];
+    let toks: Vec<u32> = (0..400).collect();
+    let scope = KeyScope {
+        model: M,
+        cache_salt: None,
+    };
+    let keys = block_keys(&toks, 16, scope);
+    // (name, batches, want matched blocks)
+    let cases: Vec<(&str, Vec<Vec<KvEvent>>, u32)> = vec![
+        (
+            "plain full-attention events: the full prefix",
+            vec![vec![full(&(100..116).collect::<Vec<_>>(), None, 0..256)]],
+            16,
+        ),
+        (
+            "window tail cached: the prompt's 16 blocks",
+            vec![prefill.clone()],
+            16,
+        ),
+        (
+            "a decode block beyond the window tail does not extend the hit",
+            vec![prefill.clone(), decode.clone()],
+            16,
+        ),
+        (
+            "a window block evicted: no run of 8 left",
+            vec![prefill.clone(), vec![removed(111, 0)]],
+            0,
+        ),
+        (
+            "the full group's last block evicted: the window run no longer fits",
+            vec![prefill.clone(), vec![removed(115, 1)]],
+            0,
+        ),
+        (
+            "the window group's blocks evicted, then stored again",
+            vec![
+                prefill.clone(),
+                vec![removed(111, 0)],
+                vec![window(&[111], Some(110), 176..192)],
+            ],
+            16,
+        ),
+        (
+            "a window group of an unmodelled kind is skipped",
+            vec![vec![
+                {
+                    let mut s = stored(&[108], None, 0..256);
+                    s.group_idx = Some(0);
+                    s.kv_cache_spec_kind = Some("chunked_local_attention".into());
+                    KvEvent::BlockStored(s)
+                },
+                full(&(100..116).collect::<Vec<_>>(), None, 0..256),
+            ]],
+            16,
+        ),
+    ];
+    for (name, batches, want) in cases {
+        let ix = index();
+        let a = ep(&ix, "a");
+        for events in batches {
+            ix.apply_batch(
+                a,
+                &KvEventBatch {
+                    ts: 0.0,
+                    events,
+                    data_parallel_rank: Some(0),
+                },
+            );
+        }
+        let s = ix.score(&keys, &[a]);
+        let got = s.get(a).map_or(0, |e| e.matched_blocks);
+        assert_eq!(got, want, "{name}");
+        let predicted = s.predicted_tokens_of(a);
+        assert_eq!(predicted, u64::from(want) * 16, "{name}");
+    }
+    // What the operator's page shows for the hybrid endpoint.
+    let ix = index();
+    let a = ep(&ix, "a");
+    ix.apply_batch(
+        a,
+        &KvEventBatch {
+            ts: 0.0,
+            events: prefill,
+            data_parallel_rank: Some(0),
+        },
+    );
+    let g = ix.cache_groups(a);
+    assert_eq!(g.primary, Some(1));
+    assert_eq!(
+        g.others,
+        vec![CacheGroup {
+            group_idx: 0,
+            rule: GroupRule::Run(8)
+        }]
+    );
+    // Speculative holdings of a hybrid endpoint cover its window group too.
+    let b = ep(&ix, "b");
+    ix.apply_batch(
+        b,
+        &KvEventBatch {
+            ts: 0.0,
+            events: vec![window(&[], None, 0..16), full(&[900], None, 0..16)],
+            data_parallel_rank: Some(0),
+        },
+    );
+    let prompt = block_keys(&toks[..256], 16, scope);
+    ix.insert_speculative(b, &prompt);
+    assert_eq!(
+        ix.score(&prompt, &[b]).get(b).map(|e| e.matched_blocks),
+        Some(16)
+    );
+}
