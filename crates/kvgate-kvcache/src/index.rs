@@ -355,6 +355,13 @@ impl KvIndex {
             .is_some_and(|s| s.degraded.load(Ordering::Relaxed))
     }
 
+    /// True when the endpoint's events showed KV cache groups besides the primary one (a
+    /// hybrid model); one word read, no lock.
+    pub fn is_hybrid(&self, id: EndpointId) -> bool {
+        self.inner.any_hybrid.load(Ordering::Acquire)
+            && self.slot(id).is_some_and(|s| !s.groups.get().is_empty())
+    }
+
     /// The endpoint's KV cache groups as its events showed them (hybrid models have more than
     /// one); empty for an unknown endpoint.
     pub fn cache_groups(&self, id: EndpointId) -> CacheGroups {
@@ -393,34 +400,48 @@ impl KvIndex {
     /// or as it is after it, never a part of the insertion (a sibling of a burst that looked
     /// up while the first request's holdings were extended would otherwise be placed on
     /// however far the extension had got).
-    ///
-    /// A hybrid endpoint's other KV cache groups get theirs too: a sliding-window (or Mamba)
-    /// group the blocks that end the prompt, as vLLM keeps them, another full-attention group
-    /// every block.
     pub fn insert_speculative(&self, id: EndpointId, keys: &BlockKeys) {
+        self.speculate(id, keys.keys.iter().rev().map(|k| k.0));
+    }
+
+    /// For a hybrid endpoint, the speculative holdings its other KV cache groups will have
+    /// once it has computed a prompt of `prompt_tokens` tokens whose block keys are `keys`
+    /// (call it beside [`KvIndex::insert_speculative`], with the whole prompt's keys): a
+    /// sliding-window (or Mamba) group the blocks that end at vLLM's replay boundary (the
+    /// block of the prompt's last token), another full-attention group every block. Nothing
+    /// for an endpoint with one group.
+    pub fn insert_speculative_groups(&self, id: EndpointId, keys: &BlockKeys, prompt_tokens: u64) {
+        let groups = match self.slot(id) {
+            Some(s) if !s.groups.get().is_empty() => s.groups.get(),
+            _ => return,
+        };
+        let bs = u64::from(keys.block_size.max(1));
+        let end = usize::try_from(prompt_tokens.saturating_sub(1) / bs)
+            .unwrap_or(usize::MAX)
+            .min(keys.len());
+        let grouped = groups.iter().flat_map(|g| {
+            let from = match g.rule {
+                GroupRule::Run(n) => end.saturating_sub(usize::from(n)),
+                GroupRule::Prefix => 0,
+            };
+            keys.keys[from..end]
+                .iter()
+                .rev()
+                .map(move |k| groups::group_key(k.0, g.group_idx))
+        });
+        self.speculate(id, grouped);
+    }
+
+    fn speculate(&self, id: EndpointId, keys: impl Iterator<Item = u64>) {
         let now = self.inner.clock.now_ms();
         let ttl = self.inner.config.speculative_ttl.as_millis() as u64;
         let deadline = now.wrapping_add(ttl.max(1)) as u32;
-        let mut queued = Vec::with_capacity(keys.len());
-        let groups = self.slot(id).map(|s| s.groups.get()).unwrap_or_default();
-        let grouped = groups.iter().flat_map(|g| {
-            let n = match g.rule {
-                GroupRule::Run(n) => usize::from(n),
-                GroupRule::Prefix => keys.len(),
-            };
-            keys.keys
-                .iter()
-                .rev()
-                .take(n)
-                .map(move |k| groups::group_key(k.0, g.group_idx))
-        });
-        let all: Vec<u64> = grouped.chain(keys.keys.iter().rev().map(|k| k.0)).collect();
-        for k in all {
-            let k = BlockKey(k);
+        let mut queued = Vec::new();
+        for k in keys {
             let new = Holding::speculative(id.0, deadline);
-            let fast = self.inner.blocks.put_speculative_word(k.0, new);
+            let fast = self.inner.blocks.put_speculative_word(k, new);
             let inserted = fast.unwrap_or_else(|| {
-                self.inner.blocks.modify(k.0, |cur| {
+                self.inner.blocks.modify(k, |cur| {
                     let Some(h) = cur else {
                         *cur = Some(Holders::One(new));
                         return true;
@@ -445,7 +466,7 @@ impl KvIndex {
                 })
             });
             if inserted {
-                queued.push((deadline, id.0, k.0));
+                queued.push((deadline, id.0, k));
             }
         }
         let mut q = self

@@ -197,17 +197,35 @@ impl KvIndex {
             }
         }
         out.endpoints = w.rows(pos as u32, total, keys.block_size);
+        out
+    }
+
+    /// [`KvIndex::score`] for a whole prompt of `prompt_tokens` tokens whose block keys are
+    /// `keys`: what each candidate's engine will report cached. A hybrid candidate's prefix is
+    /// cut by what its other KV cache groups hold (vLLM's rule, see the index's groups
+    /// module), after vLLM's own bound: the prompt's last token is always computed, so at most
+    /// `(prompt_tokens - 1) / block_size` blocks. [`KvIndex::score`] stays the plain prefix
+    /// match, which only grows as a prompt does (what prefix tokenization relies on).
+    pub fn score_prompt(
+        &self,
+        keys: &BlockKeys,
+        candidates: &[EndpointId],
+        prompt_tokens: u64,
+    ) -> PrefixScores {
+        let mut out = self.score(keys, candidates);
         if self.inner.any_hybrid.load(Ordering::Acquire) {
-            self.cut_by_groups(keys, &mut out.endpoints);
+            self.cut_by_groups(keys, prompt_tokens, &mut out.endpoints);
         }
         out
     }
 
-    /// Hybrid models: each candidate's hit cut to what its other KV cache groups hold, by
-    /// vLLM's rule ([`crate::index`]'s `groups` module); the score shrinks with the hit.
-    fn cut_by_groups(&self, keys: &BlockKeys, rows: &mut [EndpointScore]) {
+    /// Hybrid models: each hybrid candidate's hit cut to what its other KV cache groups hold,
+    /// by vLLM's rule (the index's `groups` module); the score shrinks with the hit.
+    fn cut_by_groups(&self, keys: &BlockKeys, prompt_tokens: u64, rows: &mut [EndpointScore]) {
         let blocks = &self.inner.blocks;
         let now = self.inner.clock.now_ms() as u32;
+        let bound = prompt_tokens.saturating_sub(1) / u64::from(keys.block_size.max(1));
+        let bound = u32::try_from(bound).unwrap_or(u32::MAX);
         for row in rows.iter_mut().filter(|r| r.matched_blocks > 0) {
             let Some(slot) = self.slot(row.endpoint) else {
                 continue;
@@ -217,7 +235,7 @@ impl KvIndex {
                 continue;
             }
             let ep = row.endpoint.0;
-            let hit = hybrid_hit(row.matched_blocks, groups, |g, i| {
+            let hit = hybrid_hit(row.matched_blocks.min(bound), groups, |g, i| {
                 keys.keys
                     .get(i as usize)
                     .is_some_and(|k| blocks.holds_live(group_key(k.0, g), ep, now))

@@ -71,6 +71,14 @@ impl RequestFacts {
         }
     }
 
+    /// The prompt's length when `tokens` holds all of it exactly (not a prefix tokenized so
+    /// far, not an estimate).
+    pub fn whole_prompt_tokens(&self) -> Option<u64> {
+        let t = self.tokens.as_ref().filter(|t| t.exact)?;
+        let n = t.ids.len() as u64;
+        self.prompt_tokens.is_none_or(|p| p == n).then_some(n)
+    }
+
     /// Adds the prompt tokens (and sets `prompt_tokens` to their count).
     #[must_use]
     pub fn with_tokens(mut self, ids: impl Into<Arc<[u32]>>, exact: bool, mm: Vec<MmSpan>) -> Self {

@@ -140,7 +140,7 @@ impl KvIndex {
                     Some(key) => {
                         let named = Some(group_hash(eh, g));
                         let _ =
-                            endpoint::add_holding(blocks, slot, st, group_key(key, g), tier, named);
+                            endpoint::add_copy(blocks, slot, st, group_key(key, g), tier, named);
                     }
                     None => {
                         slot.metrics.unresolved_hash.inc();
@@ -228,7 +228,7 @@ impl KvIndex {
         // Tails first into the LRU queue, so eviction keeps each endpoint's holdings
         // prefix-closed (what galloping lookups rely on).
         for &(key, engine) in new_keys.iter().rev() {
-            endpoint::add_holding(blocks, slot, st, key, tier, engine);
+            endpoint::add_copy(blocks, slot, st, key, tier, engine);
         }
     }
 

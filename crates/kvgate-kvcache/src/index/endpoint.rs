@@ -56,6 +56,34 @@ pub(crate) fn add_holding(
     tier: Tier,
     engine: Option<u64>,
 ) -> bool {
+    hold(blocks, slot, st, key, tier, engine, false)
+}
+
+/// [`add_holding`] for a block an engine event announced: a block the endpoint already holds
+/// for real is one more copy. vLLM can cache the same content in two physical blocks (two
+/// requests computing a prefix at once) and announces each, stored and evicted: the block
+/// stays cached until its last copy goes. The count of extra copies lives in the real
+/// holding's otherwise unused deadline field.
+pub(crate) fn add_copy(
+    blocks: &BlockStore,
+    slot: &EndpointSlot,
+    st: &mut EndpointState,
+    key: u64,
+    tier: Tier,
+    engine: Option<u64>,
+) -> bool {
+    hold(blocks, slot, st, key, tier, engine, true)
+}
+
+fn hold(
+    blocks: &BlockStore,
+    slot: &EndpointSlot,
+    st: &mut EndpointState,
+    key: u64,
+    tier: Tier,
+    engine: Option<u64>,
+    copy: bool,
+) -> bool {
     let ep = slot.id;
     let new = Holding::real(ep, tier);
     let added = blocks.modify(key, |cur| {
@@ -72,6 +100,9 @@ pub(crate) fn add_holding(
                 }
                 Some(mut x) => {
                     x.flags |= REFERENCED;
+                    if copy {
+                        x.deadline = x.deadline.saturating_add(1);
+                    }
                     h.set(i, x);
                     false
                 }
@@ -97,8 +128,8 @@ pub(crate) fn add_holding(
     added
 }
 
-/// Removes the real holding of `key` at `tier`. Returns (removed, endpoint still holds the key
-/// at another tier).
+/// Removes the real holding of `key` at `tier`, or one of its extra copies ([`add_copy`]).
+/// Returns (removed, endpoint still holds the key: another copy or another tier).
 pub(crate) fn remove_holding(
     blocks: &BlockStore,
     slot: &EndpointSlot,
@@ -113,8 +144,14 @@ pub(crate) fn remove_holding(
         let Some(h) = cur else { return };
         let mut keep = true;
         if let Some(i) = h.find(ep, tier as u8)
-            && h.get(i).is_some_and(|x| !x.is_speculative())
+            && let Some(mut x) = h.get(i).filter(|x| !x.is_speculative())
         {
+            if x.deadline > 0 {
+                x.deadline -= 1;
+                h.set(i, x);
+                still_held = true;
+                return;
+            }
             removed = true;
             keep = h.remove(i);
         }

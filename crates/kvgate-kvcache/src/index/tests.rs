@@ -757,7 +757,7 @@ fn hybrid_groups_cut_the_hit_by_vllms_rule() {
                 },
             );
         }
-        let s = ix.score(&keys, &[a]);
+        let s = ix.score_prompt(&keys, &[a], 400);
         let got = s.get(a).map_or(0, |e| e.matched_blocks);
         assert_eq!(got, want, "{name}");
         let predicted = s.predicted_tokens_of(a);
@@ -783,20 +783,81 @@ fn hybrid_groups_cut_the_hit_by_vllms_rule() {
             rule: GroupRule::Run(8)
         }]
     );
-    // Speculative holdings of a hybrid endpoint cover its window group too.
-    let b = ep(&ix, "b");
-    ix.apply_batch(
-        b,
-        &KvEventBatch {
+    // Speculative holdings of a hybrid endpoint cover its window group too. A 256-token
+    // prompt: vLLM's window tail ends at the block of token 255 (block 15), so blocks 7-14;
+    // a 257-token prompt's ends at block 16, beyond the 16 full blocks: blocks 8-15.
+    for (n, want) in [(256, 15), (257, 16)] {
+        let ix = index();
+        let b = ep(&ix, "b");
+        let events = vec![window(&[], None, 0..16), full(&[900], None, 0..16)];
+        let batch = KvEventBatch {
             ts: 0.0,
-            events: vec![window(&[], None, 0..16), full(&[900], None, 0..16)],
+            events,
             data_parallel_rank: Some(0),
+        };
+        ix.apply_batch(b, &batch);
+        let prompt = block_keys(&toks[..256], 16, scope);
+        ix.insert_speculative(b, &prompt);
+        ix.insert_speculative_groups(b, &prompt, n);
+        let got = ix
+            .score_prompt(&prompt, &[b], n)
+            .get(b)
+            .map(|e| e.matched_blocks);
+        assert_eq!(got, Some(want), "{n} tokens");
+    }
+}
+
+/// vLLM caches the same content twice when two requests compute a prefix at once, and
+/// announces each copy, stored and evicted: the block stays held until its last copy goes.
+#[test]
+fn a_block_stored_twice_stays_held_until_both_copies_are_evicted() {
+    let toks: Vec<u32> = (1..49).collect();
+    let keys = block_keys(
+        &toks,
+        16,
+        KeyScope {
+            model: M,
+            cache_salt: None,
         },
     );
-    let prompt = block_keys(&toks[..256], 16, scope);
-    ix.insert_speculative(b, &prompt);
-    assert_eq!(
-        ix.score(&prompt, &[b]).get(b).map(|e| e.matched_blocks),
-        Some(16)
-    );
+    let store = || KvEvent::BlockStored(stored(&[101, 102, 103], None, 1..49));
+    let evict = |h: u64| {
+        KvEvent::BlockRemoved(BlockRemoved {
+            block_hashes: vec![BlockHash::Int(h)],
+            ..Default::default()
+        })
+    };
+    // (name, events, want matched blocks)
+    let cases: Vec<(&str, Vec<KvEvent>, u32)> = vec![
+        ("one copy, evicted", vec![store(), evict(103)], 2),
+        (
+            "two copies, one evicted",
+            vec![store(), store(), evict(103)],
+            3,
+        ),
+        (
+            "two copies, both evicted",
+            vec![store(), store(), evict(103), evict(103)],
+            2,
+        ),
+        (
+            "two copies, cleared",
+            vec![store(), store(), KvEvent::AllBlocksCleared],
+            0,
+        ),
+    ];
+    for (name, events, want) in cases {
+        let ix = index();
+        let a = ep(&ix, "a");
+        ix.apply_batch(
+            a,
+            &KvEventBatch {
+                ts: 0.0,
+                events,
+                data_parallel_rank: Some(0),
+            },
+        );
+        let got = ix.score(&keys, &[a]).get(a).map_or(0, |e| e.matched_blocks);
+        assert_eq!(got, want, "{name}");
+    }
 }

@@ -340,7 +340,9 @@ impl Proxy {
     }
 
     /// The prefix session routing needs, when prefix tokenization applies: every endpoint has
-    /// KV events and the chain starts with a local tokenizer. `None`: tokenize in full. A
+    /// KV events, none is a hybrid model (whose hit a prompt's prefix cannot tell: it depends
+    /// on where the prompt ends) and the chain starts with a local tokenizer. `None`: tokenize
+    /// in full. A
     /// session that stopped early comes with the block where it stopped marked as being placed
     /// ([`super::parked`]), unless it gave up waiting for a sibling's placement, and whether it
     /// stopped held by the pick ([`growth`]).
@@ -350,7 +352,12 @@ impl Proxy {
         facts: &RequestFacts,
     ) -> Result<Option<(PrefixSession, Option<PlacingGuard>, bool)>, TokenizeError> {
         let all = self.registry.endpoints();
-        if all.is_empty() || !all.iter().all(|e| e.has_kv_events()) {
+        let index = &self.handles.kv_index;
+        if all.is_empty()
+            || !all
+                .iter()
+                .all(|e| e.has_kv_events() && !index.is_hybrid(e.kv_id()))
+        {
             return Ok(None);
         }
         // Router replicas learn what a request will cache only from the block keys its

@@ -105,7 +105,12 @@ pub(crate) fn score_prefix(
                 .filter(|e| include(e) && e.index_block_size() == bs)
                 .map(|e| e.kv_id()),
         );
-        let ps = index.score(&keys, &ids);
+        // A whole prompt is predicted as its engine will count it (hybrid models' groups);
+        // a prefix tokenized so far, as the prefix match it is.
+        let ps = match cycle.facts().whole_prompt_tokens() {
+            Some(n) => index.score_prompt(&keys, &ids, n),
+            None => index.score(&keys, &ids),
+        };
         for ((s, m), e) in scores.iter_mut().zip(matched.iter_mut()).zip(candidates) {
             if include(e) && e.index_block_size() == bs {
                 *s = ps.score_of(e.kv_id());

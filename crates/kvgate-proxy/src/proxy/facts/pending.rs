@@ -132,8 +132,9 @@ impl Proxy {
         }
         let index = &self.handles.kv_index;
         let keys = block_keys(done.exact_ids(), picked.index_block_size(), scope);
+        let whole = done.exact_ids().len() as u64;
         let held = index
-            .score(&keys, &[picked.kv_id()])
+            .score_prompt(&keys, &[picked.kv_id()], whole)
             .endpoints
             .first()
             .map_or(0, |s| s.predicted_cached_tokens);
@@ -143,5 +144,6 @@ impl Proxy {
             ext.pin_rest(&keys);
         }
         index.insert_speculative(picked.kv_id(), &keys);
+        index.insert_speculative_groups(picked.kv_id(), &keys, whole);
     }
 }

@@ -155,8 +155,15 @@ impl Scorer for PrecisePrefixCacheScorer {
         if !self.speculative || !picked.has_kv_events() || exact_tokens(cycle).is_err() {
             return;
         }
+        // The prompt's length places a hybrid engine's window tail; a prompt tokenized only
+        // in part gives no length, and no group holdings.
+        let whole = cycle.facts().whole_prompt_tokens();
         if let Some(keys) = cycle.block_keys(picked.index_block_size()) {
             self.index.insert_speculative(picked.kv_id(), &keys);
+            if let Some(n) = whole {
+                self.index
+                    .insert_speculative_groups(picked.kv_id(), &keys, n);
+            }
         }
     }
 }
