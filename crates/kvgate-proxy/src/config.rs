@@ -194,8 +194,12 @@ pub struct ProxyConfig {
     pub tokenize: TokenizeConfig,
     /// Endpoint scraping, health and index settings.
     pub engines: RegistryConfig,
-    /// Plugins and profiles (empty: the default profile).
+    /// Plugins and profiles (empty: the built-in [`ProxyConfig::profile`]).
     pub scheduler: SchedulerConfig,
+    /// The built-in profile used while `scheduler` is empty: `cost` (the default) or
+    /// `weighted` ([`SchedulerConfig::builtin`]). Its prefix scorer is precise once some
+    /// endpoint has KV events, configured or found through `/kv_event_sources`.
+    pub profile: String,
     /// Whether responses carry `x-kvgate-scores` with every candidate's scores.
     pub scores_header: bool,
     /// Where to write the JSONL decision log (`None`: off).
@@ -275,6 +279,7 @@ impl Default for ProxyConfig {
             tokenize: TokenizeConfig::default(),
             engines: RegistryConfig::default(),
             scheduler: SchedulerConfig::default(),
+            profile: "cost".to_owned(),
             scores_header: false,
             decision_log: None,
             tokenize_prefix: true,

@@ -10,7 +10,8 @@
 //!   response path (restore the alias, watch `usage`).
 //! - [`body`]: streamed response bodies and the per-request accounting guard.
 //! - [`budget`]: the global in-flight request body budget (`limits.max_inflight_body_bytes`).
-//! - [`models`]: model discovery and kvgate's own `GET /v1/models`.
+//! - [`models`]: model discovery and kvgate's own `GET /v1/models`; `kv_sources`: KV events
+//!   found through the engines' `/kv_event_sources`, re-read after a KV stream drops.
 //! - [`admission`]: admission and flow control (in-flight limits, the priority/fairness
 //!   queue, 429s) and the permits that hold a request's slots.
 //! - `coarse_timer`: per-thread timer slabs fired by one thread each 20 ms, for the
@@ -36,6 +37,7 @@ mod coarse_timer;
 pub mod config;
 pub mod decision_log;
 pub mod error;
+mod kv_sources;
 pub mod loopback;
 pub mod metrics;
 mod models;

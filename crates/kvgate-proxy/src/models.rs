@@ -1,12 +1,13 @@
-//! Model discovery (`GET /v1/models` on each endpoint, and `vllm:cache_config_info` from its
-//! `/metrics`), the pool-wide model list and the one-model lookup behind
-//! `GET /v1/models/{id}`.
+//! Model discovery (`GET /v1/models` on each endpoint, `vllm:cache_config_info` from its
+//! `/metrics`, and its KV-event publishers from `/kv_event_sources`, see `kv_sources`), the
+//! pool-wide model list and the one-model lookup behind `GET /v1/models/{id}`.
 //!
 //! Each pass hands what the engine said about itself to the registry
-//! ([`kvgate_schedule::EndpointRegistry::apply_discovered`]: an endpoint with KV events and no
-//! configured model gets its model, an unconfigured block size the engine's), then decides
-//! the tokenizer chain of every model seen for the first time
-//! ([`crate::config::choose_chain`]) and logs one line for it.
+//! ([`kvgate_schedule::EndpointRegistry::apply_report`]: an endpoint with KV events and no
+//! configured model gets its model, an unconfigured block size the engine's, an endpoint
+//! without `kv=` the publisher the engine reports), then decides the tokenizer chain of
+//! every model seen for the first time, or first served by an endpoint with KV events
+//! ([`crate::config::choose_chain`]), and logs one line for it.
 
 use std::{
     collections::HashMap,
@@ -20,7 +21,7 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Limited};
 use serde_json::{Value, json};
 
-use kvgate_schedule::{EndpointState, ServedModel};
+use kvgate_schedule::{EndpointState, EngineReport, ServedModel};
 
 use crate::Proxy;
 
@@ -74,9 +75,15 @@ impl Proxy {
                 .to_bytes();
             parse_model_list(&body).ok_or(DiscoveryError::Shape)
         };
-        let models = tokio::time::timeout(timeout, fetch)
-            .await
-            .map_err(|_| DiscoveryError::Timeout)??;
+        let kv_sources = async {
+            if self.config.engines.kv_event_sources {
+                Some(self.fetch_kv_sources(ep, timeout).await)
+            } else {
+                None
+            }
+        };
+        let (models, kv_sources) = tokio::join!(tokio::time::timeout(timeout, fetch), kv_sources);
+        let models = models.map_err(|_| DiscoveryError::Timeout)??;
         let served: Vec<ServedModel> = models
             .iter()
             .filter_map(|m| {
@@ -100,8 +107,15 @@ impl Proxy {
             Some(s) => Some(s.metrics.clone()),
             None => self.fetch_metrics(ep, timeout).await,
         };
-        self.registry
-            .apply_discovered(ep.url(), Some(served), max_model_len, metrics.as_ref());
+        self.registry.apply_report(
+            ep.url(),
+            EngineReport {
+                models: Some(served),
+                max_model_len,
+                metrics: metrics.as_ref(),
+                kv_sources,
+            },
+        );
         Ok(())
     }
 
@@ -153,14 +167,19 @@ impl Proxy {
         }
         let lists_pending = endpoints.iter().any(|e| e.served_models().is_none());
         for (model, parent) in models {
-            if decided.contains_key(&model) {
-                continue;
-            }
-            let named = self.named_chain(&model, parent.as_deref());
             let kv_endpoint = endpoints
                 .iter()
                 .find(|e| e.has_kv_events() && e.serves(&model) == Some(true))
                 .map(|e| e.url().to_owned());
+            // A model routed on load is decided again once an endpoint serving it has KV
+            // events (found through /kv_event_sources after its first pass).
+            if decided
+                .get(&model)
+                .is_some_and(|d| d.chain != "none" || kv_endpoint.is_none())
+            {
+                continue;
+            }
+            let named = self.named_chain(&model, parent.as_deref());
             if named.is_none() && kv_endpoint.is_none() && lists_pending {
                 continue;
             }
@@ -225,16 +244,24 @@ impl Proxy {
             }
         });
         futures_util::future::join_all(tasks).await;
+        self.ensure_precise();
         self.decide_chains();
     }
 
-    /// Refreshes model lists forever at the configured interval.
+    /// Refreshes model lists forever at the configured interval; between refreshes, reads
+    /// again each engine whose KV event stream dropped or reconnected (once a second at
+    /// most, see `kv_sources`).
     pub(crate) async fn discovery_loop(self: Arc<Self>, interval: Duration) {
         let mut tick = tokio::time::interval(interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut streams = tokio::time::interval(Duration::from_secs(1));
+        streams.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut seen = HashMap::new();
         loop {
-            tick.tick().await;
-            self.discover_all(Duration::from_secs(5)).await;
+            tokio::select! {
+                _ = tick.tick() => self.discover_all(Duration::from_secs(5)).await,
+                _ = streams.tick() => self.reread_lost_streams(&mut seen, Duration::from_secs(2)).await,
+            }
         }
     }
 

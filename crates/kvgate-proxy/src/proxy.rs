@@ -84,6 +84,10 @@ pub struct Proxy {
     pub(crate) registry: Arc<EndpointRegistry>,
     scheduler: ArcSwap<Scheduler>,
     handles: SchedulerHandles,
+    /// The scheduler config last applied (empty: the built-in [`ProxyConfig::profile`]).
+    pub(crate) scheduler_config: Mutex<kvgate_schedule::SchedulerConfig>,
+    /// The scheduler was built precise (some endpoint has, or is configured with, KV events).
+    pub(crate) precise: std::sync::atomic::AtomicBool,
     pub(crate) tokenizer: TokenizeService,
     /// The upstream clients (`http://` and `https://` endpoints).
     pub(crate) upstreams: upstream::Upstreams,

@@ -218,7 +218,7 @@ async fn serve_conn<S: AsyncRead + AsyncWrite + Unpin>(
             let Some(head_end) = head_end else { return };
             let head = String::from_utf8_lossy(&buf[..head_end - 4]).into_owned();
             buf.drain(..head_end);
-            if !head.starts_with("GET /metrics ") {
+            if !is_discovery_probe(&head) {
                 break head;
             }
             let resp = "HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\n\r\n";
@@ -255,8 +255,9 @@ async fn serve_conn<S: AsyncRead + AsyncWrite + Unpin>(
         let Some(captured) = read_request(&mut stream, &mut buf).await else {
             return;
         };
-        if captured.head.starts_with("GET /metrics ") {
-            // The proxy's load scraper: answer without recording it.
+        if is_discovery_probe(&captured.head) {
+            // The proxy's load scraper, or its KV-event source discovery: answer 404 (as an
+            // engine without them) without recording it.
             let resp = "HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\n\r\n";
             if send(&mut stream, resp.as_bytes()).await.is_err() {
                 return;
@@ -335,6 +336,12 @@ async fn serve_conn<S: AsyncRead + AsyncWrite + Unpin>(
 async fn send<S: AsyncWrite + Unpin>(stream: &mut S, bytes: &[u8]) -> std::io::Result<()> {
     stream.write_all(bytes).await?;
     stream.flush().await
+}
+
+/// `GET /metrics` (the load scraper) or `GET /kv_event_sources` (KV-event source
+/// discovery): requests the spy answers 404 without recording.
+fn is_discovery_probe(head: &str) -> bool {
+    head.starts_with("GET /metrics ") || head.starts_with("GET /kv_event_sources ")
 }
 
 /// Reads bytes into `buf` until it holds a whole request head; its length with the blank line.

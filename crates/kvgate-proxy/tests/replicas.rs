@@ -1,9 +1,10 @@
-//! End to end: two kvgate replicas in front of one `kvgate sim` fleet, a conversation's turns
+//! End to end: two kvgate replicas in front of a `kvgate sim` fleet, a conversation's turns
 //! alternating between them. With precise routing both replicas read every engine's KV events,
 //! so each follow-up reaches the engine holding its prefix whichever replica routes it, and the
 //! prediction equals the engine's cache hit. With approximate routing each replica only knows
 //! what it routed itself: a follow-up reaching the other replica is routed blind (nothing
-//! predicted), so where it lands is up to load, and conversations split.
+//! predicted), so where it lands is up to load, and conversations split; that fleet has its
+//! KV events off, since replicas find an engine's events at its `/kv_event_sources`.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::time::Duration;
@@ -107,20 +108,23 @@ async fn precise_replicas_agree_and_approximate_replicas_split() {
     }
     drop(precise);
 
-    // The same fleet with its caches dropped, routed by replicas that see no KV events.
+    sim.shutdown().await;
+
+    // A fleet of the same shape with KV events off (none configured, none found at the
+    // engines' /kv_event_sources), routed by replicas that see no KV events.
+    let sim = fleet(&[
+        "--instances",
+        "3",
+        "--num-gpu-blocks",
+        "600",
+        "--no-kv-events",
+    ])
+    .await;
+    let mut approx_yaml = String::from("endpoints:\n");
     for inst in sim.instances() {
-        let url = format!("http://{}/reset_prefix_cache", inst.http);
-        let resp = post_empty(&url).await;
-        assert_eq!(resp, 200, "reset {url}");
+        approx_yaml += &format!("  - url: http://{}\n    model: {MODEL}\n", inst.http);
     }
-    let approx_yaml = precise_yaml
-        .lines()
-        .filter(|l| {
-            !l.trim_start().starts_with("kv_events:") && !l.trim_start().starts_with("kv_replay:")
-        })
-        .collect::<Vec<_>>()
-        .join("\n")
-        + "\n";
+    approx_yaml += &models_yaml();
     let approx = [
         start_proxy(&approx_yaml).await,
         start_proxy(&approx_yaml).await,
@@ -139,16 +143,4 @@ async fn precise_replicas_agree_and_approximate_replicas_split() {
         .count();
     eprintln!("approximate replicas split {split}/{CONVERSATIONS} conversations");
     sim.shutdown().await;
-}
-
-/// POSTs an empty body and returns the status.
-async fn post_empty(url: &str) -> u16 {
-    use bytes::Bytes;
-    use http_body_util::Full;
-    use hyper_util::{client::legacy::Client, rt::TokioExecutor};
-    let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
-    let req = http::Request::post(url)
-        .body(Full::new(Bytes::new()))
-        .unwrap();
-    client.request(req).await.unwrap().status().as_u16()
 }

@@ -56,7 +56,8 @@
 //!   `plugins/{filters,scorers,pickers,profile_handlers}/`.
 //! - `endpoint`: [`EndpointState`], health, roles.
 //! - `load`: router-side load counters and [`InFlightGuard`] (prefilling, then decoding).
-//! - `registry`: [`EndpointRegistry`] with `reconcile` for hot reload.
+//! - `registry`: [`EndpointRegistry`] with `reconcile` for hot reload; `kv_sources`: an
+//!   engine's `/kv_event_sources` answer read as [`KvSourcesRead`].
 //! - `scrape`: the per-endpoint `/metrics` poller; `prom`: the Prometheus text parser and
 //!   [`EngineMetrics`].
 //! - `snapshot`: [`StateSnapshot`], the registry's state as data for the admin server's
@@ -70,6 +71,7 @@ mod decision;
 mod endpoint;
 mod error;
 mod framework;
+mod kv_sources;
 mod load;
 mod metrics;
 pub mod plugins;
@@ -103,14 +105,17 @@ pub use self::{
         Filter, HandlerResult, Picker, ProfileHandler, ProfileRunSummary, ScoreOutcome, Scorer,
         SkipReason,
     },
+    kv_sources::{
+        KvEventSource, KvSourcesRead, MAX_KV_SOURCES_BODY, connectable, parse_kv_event_sources,
+    },
     load::{InFlightGuard, LoadSink, LoadSnapshot, PinExtension, SharedLoad},
     metrics::ScheduleMetrics,
     plugins::catalog,
     plugins::profile_handlers::pd_profile_handler::PREFILLER_HEADER,
     prom::{EngineKind, EngineMetrics, LoraState, Sample, parse_text},
     registry::{
-        EndpointConfig, EndpointRegistry, ReconcileReport, RegistryConfig, RegistryError,
-        RegistryHandles,
+        EndpointConfig, EndpointRegistry, EngineReport, KvOrigin, KvSourceInfo, ReconcileReport,
+        RegistryConfig, RegistryError, RegistryHandles,
     },
     scheduler::{Scheduler, SchedulerHandles},
     snapshot::{EndpointSnapshot, IndexSnapshot, KvStreamSnapshot, StateSnapshot},

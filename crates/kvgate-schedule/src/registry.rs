@@ -7,10 +7,12 @@
 //! counters and scrape task; new ones are registered and scraped; removed ones stop scraping and
 //! drop their KV holdings, while requests still holding their guards finish normally.
 //!
-//! What an engine says about itself ([`EndpointRegistry::apply_discovered`]: served models,
-//! `max_model_len`, `vllm:cache_config_info`) fills what the endpoint's config leaves out (a
-//! flag or YAML value wins; a contradiction is logged once and counted in
-//! `kvgate_endpoint_config_conflicts_total{endpoint,field}`). An endpoint with `kv_events` and
+//! What an engine says about itself ([`EndpointRegistry::apply_report`]: served models,
+//! `max_model_len`, `vllm:cache_config_info`, its KV-event publishers at `/kv_event_sources`)
+//! fills what the endpoint's config leaves out (a flag or YAML value wins; a contradiction is
+//! logged once and counted in `kvgate_endpoint_config_conflicts_total{endpoint,field}`). An
+//! endpoint without `kv_events` subscribes to the publisher its engine reports, and moves
+//! when the engine reports another (`kv_source`). An endpoint with `kv_events` and
 //! no `model` is accepted: until its model is discovered it is not subscribed and scores as an
 //! endpoint without KV events (no precise holdings: events keyed by an unknown model could only
 //! mismatch, and held events would be an unbounded buffer; with a replay socket the state is
@@ -106,6 +108,10 @@ pub struct RegistryConfig {
     pub eject_max_ms: u64,
     /// Default router block size of index entries.
     pub block_size: u32,
+    /// Read each engine's `GET /kv_event_sources` (vLLM ≥ 0.32) on every discovery pass and
+    /// subscribe an endpoint without a configured `kv_events` to the publisher it reports
+    /// (default true; false: only configured sockets are subscribed).
+    pub kv_event_sources: bool,
 }
 
 impl Default for RegistryConfig {
@@ -123,6 +129,7 @@ impl Default for RegistryConfig {
             eject_base_ms: 1000,
             eject_max_ms: 30_000,
             block_size: 16,
+            kv_event_sources: true,
         }
     }
 }
@@ -421,19 +428,19 @@ impl EndpointRegistry {
             block_size,
             capacity_blocks: None,
         };
-        let kv_events = c.kv_events.as_ref().filter(|_| eff.model.is_some());
-        if c.kv_events.is_some() && kv_events.is_none() {
+        let kv_events = eff.kv.as_ref().filter(|_| eff.model.is_some());
+        if eff.kv.is_some() && kv_events.is_none() {
             tracing::info!(
                 endpoint = %c.url,
                 "KV events wait for the engine's model (/v1/models); not scored precisely until then"
             );
         }
         let kv_id = match kv_events {
-            Some(pub_endpoint) => self.subscriber.add_endpoint(EndpointSource {
+            Some(source) => self.subscriber.add_endpoint(EndpointSource {
                 spec,
-                kv_events: pub_endpoint.clone(),
-                replay: c.kv_replay.clone(),
-                topic: String::new(),
+                kv_events: source.events.clone(),
+                replay: source.replay.clone(),
+                topic: source.topic.clone(),
             }),
             None => self.handles.kv_index.register_endpoint(spec),
         };
@@ -528,5 +535,9 @@ impl Drop for EndpointRegistry {
 }
 
 mod discovered;
+mod kv_source;
 #[cfg(test)]
 mod tests;
+
+pub use self::discovered::EngineReport;
+pub use self::kv_source::{KvOrigin, KvSourceInfo};

@@ -11,7 +11,7 @@ use serde::Serialize;
 
 use crate::endpoint::{EndpointState, Role};
 use crate::prom::EngineMetrics;
-use crate::registry::EndpointRegistry;
+use crate::registry::{EndpointRegistry, KvSourceInfo};
 
 /// The whole registry at one instant.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -83,6 +83,10 @@ pub struct EndpointSnapshot {
     pub prompt_tokens: u64,
     /// The KV event stream, for an endpoint fed by KV events.
     pub kv_stream: Option<KvStreamSnapshot>,
+    /// Where its KV events come from (configured or discovered; `None`: no KV events).
+    pub kv_source: Option<KvSourceInfo>,
+    /// Its engine's last `/kv_event_sources` answer in words (`None`: not asked yet).
+    pub kv_discovery: Option<String>,
 }
 
 /// One endpoint's KV event stream (see [`kvgate_kvcache::StreamHealth`]).
@@ -158,6 +162,7 @@ impl EndpointRegistry {
 fn endpoint_snapshot(reg: &EndpointRegistry, e: &EndpointState, now: Instant) -> EndpointSnapshot {
     let index = reg.kv_index();
     let c = &e.counters;
+    let (kv_source, kv_discovery) = reg.kv_source(e.url());
     EndpointSnapshot {
         name: e.name().to_owned(),
         url: e.url().to_owned(),
@@ -190,5 +195,7 @@ fn endpoint_snapshot(reg: &EndpointRegistry, e: &EndpointState, now: Instant) ->
             .then(|| index.stream_health(e.kv_id()))
             .flatten()
             .map(KvStreamSnapshot::from),
+        kv_source,
+        kv_discovery,
     }
 }

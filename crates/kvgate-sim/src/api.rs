@@ -40,7 +40,13 @@ pub(crate) fn router(inst: Arc<Instance>) -> Router {
         .route("/health", get(health))
         .route("/reset_prefix_cache", post(reset_prefix_cache))
         .route("/metrics", get(metrics))
+        .route("/kv_event_sources", get(kv_event_sources))
         .with_state(inst)
+}
+
+/// Each DP rank's KV-event publisher, as vLLM's `/kv_event_sources` (see `sources`).
+async fn kv_event_sources(State(inst): State<Arc<Instance>>) -> Response {
+    axum::Json(inst.kv_event_sources.clone()).into_response()
 }
 
 async fn chat(State(inst): State<Arc<Instance>>, body: Bytes) -> Response {

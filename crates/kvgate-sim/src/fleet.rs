@@ -168,7 +168,15 @@ pub async fn start_with_prompts(
                 publisher,
             ));
         }
+        let kv_event_sources = crate::sources::kv_event_sources(
+            &args.kv_events_endpoint,
+            args.kv_events_replay_endpoint.as_deref(),
+            &topic,
+            args.kv_events_buffer_steps,
+            &events,
+        );
         let inst = Arc::new(Instance {
+            kv_event_sources,
             model: args.model.clone(),
             served: served.clone(),
             loras: loras.clone(),

@@ -29,6 +29,8 @@ pub(crate) struct Instance {
     pub(crate) dropped_batches: Vec<Arc<AtomicU64>>,
     /// `--metrics-stall-ms`.
     pub(crate) metrics_stall: std::time::Duration,
+    /// The `GET /kv_event_sources` answer (`{}` with KV events off).
+    pub(crate) kv_event_sources: serde_json::Value,
 }
 
 impl Instance {

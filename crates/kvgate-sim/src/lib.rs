@@ -19,7 +19,8 @@
 //! - `kv_manager`: per-request hashing, prefix hits, slot allocation, `BlockStored`;
 //!   `block_pool`: vLLM's block pool (null block, LRU free queue, `BlockRemoved`).
 //! - [`hashing`]: `sha256_cbor` / `xxhash_cbor` block hashes and NONE_HASH seeding.
-//! - `publisher`: ZMQ PUB per DP rank (3-frame messages, seq), ROUTER replay, drop faults.
+//! - `publisher`: ZMQ PUB per DP rank (3-frame messages, seq), ROUTER replay, drop faults;
+//!   `sources`: `/kv_event_sources`, the publishers' config as vLLM reports it.
 //! - `metrics`: Prometheus text with vLLM's names; `vocab`: deterministic output text;
 //!   `prompt`: [`PromptSource`], tokenizing through `kvgate-tokenize`'s local backend;
 //!   `media`: chat image parts (data URLs) expanded into placeholder tokens with their
@@ -41,6 +42,7 @@ mod openai;
 mod prompt;
 mod publisher;
 mod render;
+mod sources;
 mod sse;
 mod vocab;
 

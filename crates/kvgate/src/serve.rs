@@ -27,8 +27,9 @@ pub(crate) struct ServeArgs {
     admin_token: Option<String>,
     /// Engine endpoint (repeatable; added to the config's): `URL[,kv=tcp://HOST:PORT]
     /// [,replay=tcp://HOST:PORT][,model=NAME][,block_size=N][,label=KEY=VALUE]`. `kv=`
-    /// subscribes to the engine's KV-cache events for precise prefix routing; the model and
-    /// block size default to what the engine reports (`/v1/models`, `/metrics`).
+    /// subscribes to the engine's KV-cache events for precise prefix routing; the KV-event
+    /// sockets, model and block size default to what the engine reports
+    /// (`/kv_event_sources`, `/v1/models`, `/metrics`).
     #[arg(long = "endpoint", value_name = "URL[,kv=…]")]
     endpoints: Vec<String>,
     /// Local tokenizer for a model, MODEL=DIR (repeatable): a directory with
@@ -37,7 +38,7 @@ pub(crate) struct ServeArgs {
     tokenizers: Vec<String>,
     /// Render server for a model, MODEL=URL (repeatable): a vLLM `/render` endpoint that
     /// tokenizes the exact forwarded bytes (after the local tokenizer, if one is named).
-    /// Without it, a model served by endpoints with `kv=` uses the engine's own render
+    /// Without it, a model served by endpoints with KV events uses the engine's own render
     /// endpoint.
     #[arg(long = "render", value_name = "MODEL=URL")]
     renders: Vec<String>,
@@ -278,16 +279,10 @@ pub(crate) fn proxy_config(args: &ServeArgs, file: &FileConfig) -> anyhow::Resul
         config.otlp_endpoint = Some(url.clone());
     }
     config.decision_log.clone_from(&args.decision_log);
-    if config.scheduler.is_empty() {
-        let precise = config.endpoints.iter().any(|e| e.kv_events.is_some());
-        if let Some(builtin) = kvgate_proxy::SchedulerConfig::builtin(&args.profile, precise) {
-            // A file that sets only `seed` keeps it with the built-in profile.
-            config.scheduler = kvgate_proxy::SchedulerConfig {
-                seed: config.scheduler.seed,
-                ..builtin
-            };
-        }
-    }
+    // Used while the file defines no scheduler (one that sets only `seed` keeps it); the
+    // proxy makes its prefix scorer precise once an endpoint has KV events, configured or
+    // found through the engine's /kv_event_sources.
+    config.profile.clone_from(&args.profile);
     config.retries = args.retries;
     config.upstream_timeout = args.upstream_timeout;
     config.max_body_bytes = args.max_body_bytes;

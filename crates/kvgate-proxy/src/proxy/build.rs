@@ -1,6 +1,7 @@
 //! Building the [`Proxy`] from a [`ProxyConfig`], and applying a changed config file to it.
 
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use arc_swap::ArcSwap;
 use kvgate_kvcache::{KvIndex, KvMetrics};
@@ -70,7 +71,8 @@ impl Proxy {
                     .as_ref()
                     .is_some_and(kvgate_discovery::DiscoveryConfig::publishes_kv_events),
         };
-        let scheduler = Scheduler::from_config(&config.scheduler, &handles)?;
+        let scheduler = scheduler_for(&config.scheduler, &config.profile, &handles)?;
+        let scheduler_config = config.scheduler.clone();
         let decision_log = match &config.decision_log {
             Some(path) => Some(
                 DecisionLog::open(path, registry)
@@ -106,6 +108,8 @@ impl Proxy {
             config,
             registry: Arc::new(endpoints),
             scheduler: ArcSwap::from_pointee(scheduler),
+            scheduler_config: Mutex::new(scheduler_config),
+            precise: AtomicBool::new(handles.precise),
             handles,
             tokenizer,
             upstreams,
@@ -136,16 +140,56 @@ impl Proxy {
         endpoints: &[EndpointConfig],
         scheduler: &SchedulerConfig,
     ) -> Result<(), ConfigError> {
-        let handles = SchedulerHandles {
-            precise: self.handles.precise || endpoints.iter().any(|e| e.kv_events.is_some()),
-            ..self.handles.clone()
-        };
-        let next = Scheduler::from_config(scheduler, &handles)?;
+        let precise = self.precise.load(Relaxed) || endpoints.iter().any(|e| e.kv_events.is_some());
+        let next = self.build_scheduler(scheduler, precise)?;
         let report = self.registry.reconcile(endpoints)?;
-        self.scheduler.store(Arc::new(next));
+        *self
+            .scheduler_config
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = scheduler.clone();
+        self.precise.store(precise, Relaxed);
+        self.store_scheduler(next);
         tracing::info!(added = ?report.added, removed = ?report.removed, kept = report.kept.len(), "config reloaded");
+        self.ensure_precise();
         Ok(())
     }
+
+    /// The scheduler of `scheduler` (empty: the built-in [`ProxyConfig::profile`]), its
+    /// prefix scorer precise when `precise`.
+    pub(crate) fn build_scheduler(
+        &self,
+        scheduler: &SchedulerConfig,
+        precise: bool,
+    ) -> Result<Scheduler, ConfigError> {
+        let handles = SchedulerHandles {
+            precise,
+            ..self.handles.clone()
+        };
+        scheduler_for(scheduler, &self.config.profile, &handles)
+    }
+
+    /// Replaces the scheduler; requests already scheduled keep theirs.
+    pub(crate) fn store_scheduler(&self, next: Scheduler) {
+        self.scheduler.store(Arc::new(next));
+    }
+}
+
+/// `config`'s scheduler, or for an empty config the built-in `profile` (keeping its seed).
+fn scheduler_for(
+    config: &SchedulerConfig,
+    profile: &str,
+    handles: &SchedulerHandles,
+) -> Result<Scheduler, ConfigError> {
+    if config.is_empty()
+        && let Some(builtin) = SchedulerConfig::builtin(profile, handles.precise)
+    {
+        let builtin = SchedulerConfig {
+            seed: config.seed,
+            ..builtin
+        };
+        return Ok(Scheduler::from_config(&builtin, handles)?);
+    }
+    Ok(Scheduler::from_config(config, handles)?)
 }
 
 #[cfg(test)]

@@ -12,8 +12,10 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::registry::Registry;
 
+use super::kv_source::{KvSourceInfo, kv_source, note_kv_read};
 use super::{EndpointConfig, EndpointRegistry, split_url};
 use crate::endpoint::{EndpointState, ServedModel};
+use crate::kv_sources::KvSourcesRead;
 use crate::prom::EngineMetrics;
 
 /// What one engine reported about itself on the last discovery pass. `None`: not reported.
@@ -30,6 +32,11 @@ pub(crate) struct Discovered {
     pub(crate) num_gpu_blocks: Option<u64>,
     /// Prefix-caching block hash (`vllm:cache_config_info` `prefix_caching_hash_algo`).
     pub(crate) hash_algo: Option<String>,
+    /// The last answer of `/kv_event_sources` that said something (found, or none); an
+    /// unreadable one does not replace it.
+    pub(crate) kv: Option<KvSourcesRead>,
+    /// Why the last read of `/kv_event_sources` said nothing (`None`: it did, or none yet).
+    pub(crate) kv_unread: Option<String>,
 }
 
 impl Discovered {
@@ -51,12 +58,14 @@ pub(crate) struct Effective {
     pub(crate) model: Option<String>,
     /// The router block size of the endpoint's index entries.
     pub(crate) block_size: u32,
+    /// The KV-event source (`None`: no KV events; see `kv_source`).
+    pub(crate) kv: Option<KvSourceInfo>,
 }
 
 /// A configured value the engine contradicts.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub(crate) struct Conflict {
-    /// The field: `model` or `block_size`.
+    /// The field: `model`, `block_size`, `kv_events` or `kv_replay`.
     pub(crate) field: &'static str,
     /// The configured value (flag or YAML), which is used.
     pub(crate) configured: String,
@@ -103,7 +112,16 @@ pub(crate) fn effective(
         (None, Some(engine)) => engine,
         (None, None) => default_block_size,
     };
-    (Effective { model, block_size }, conflicts)
+    let (kv, kv_conflicts) = kv_source(c, d.and_then(|d| d.kv.as_ref()));
+    conflicts.extend(kv_conflicts);
+    (
+        Effective {
+            model,
+            block_size,
+            kv,
+        },
+        conflicts,
+    )
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
@@ -201,6 +219,29 @@ impl EndpointRegistry {
         max_model_len: Option<u64>,
         metrics: Option<&EngineMetrics>,
     ) -> bool {
+        self.apply_report(
+            url,
+            EngineReport {
+                models,
+                max_model_len,
+                metrics,
+                kv_sources: None,
+            },
+        )
+    }
+
+    /// [`EndpointRegistry::apply_discovered`] with the engine's `/kv_event_sources` answer
+    /// too (`report.kv_sources`; see the `kv_source` module for how it combines with the
+    /// configured sockets). An endpoint whose KV-event source changes is restarted with the
+    /// new one: its subscription moves. The answer is logged when it changes. Returns true
+    /// when the endpoint was restarted.
+    pub fn apply_report(&self, url: &str, report: EngineReport<'_>) -> bool {
+        let EngineReport {
+            models,
+            max_model_len,
+            metrics,
+            kv_sources,
+        } = report;
         let mut entries = self.entries.lock().unwrap_or_else(PoisonError::into_inner);
         let d = {
             let mut all = self
@@ -220,6 +261,15 @@ impl EndpointRegistry {
                     d.hash_algo.clone_from(&m.hash_algo);
                 }
             }
+            if let Some(read) = kv_sources {
+                let configured = entries.get(url).and_then(|e| e.config.kv_events.as_deref());
+                note_kv_read(url, d, read, configured);
+            }
+            let before = Discovered {
+                kv: d.kv.clone(),
+                kv_unread: d.kv_unread.clone(),
+                ..before
+            };
             if *d != before {
                 tracing::info!(
                     endpoint = url,
@@ -274,15 +324,33 @@ impl EndpointRegistry {
         let Some(fresh) = fresh else {
             return true;
         };
+        let source = entries.get(url).and_then(|e| e.effective.kv.as_ref());
         tracing::info!(
             endpoint = url,
             model = fresh_model(&d, &config),
             block_size = fresh.index_block_size(),
             kv_events = fresh.has_kv_events(),
+            kv_source = source.map_or("-", |s| s.origin.as_str()),
+            kv_url = source.map_or("-", |s| s.events.as_str()),
+            kv_replay = source.and_then(|s| s.replay.as_deref()).unwrap_or("-"),
             "endpoint restarted with its discovered settings"
         );
         true
     }
+}
+
+/// What one discovery pass read from an engine (see [`EndpointRegistry::apply_report`]).
+/// `None` fields were not read.
+#[derive(Debug, Clone, Default)]
+pub struct EngineReport<'a> {
+    /// Served models (`/v1/models`), LoRA adapters with their `parent`.
+    pub models: Option<Vec<ServedModel>>,
+    /// The longest prompt + output (`/v1/models` `max_model_len`).
+    pub max_model_len: Option<u64>,
+    /// A `/metrics` scrape (`vllm:cache_config_info`).
+    pub metrics: Option<&'a EngineMetrics>,
+    /// The `/kv_event_sources` answer.
+    pub kv_sources: Option<KvSourcesRead>,
 }
 
 fn fresh_model<'a>(d: &'a Discovered, c: &'a EndpointConfig) -> &'a str {

@@ -177,3 +177,97 @@ async fn kv_endpoint_without_model_waits_for_discovery() {
     assert_eq!(report.kept, vec!["http://k:1".to_owned()]);
     assert!(Arc::ptr_eq(&after, &r.get("k:1").unwrap()));
 }
+
+/// An endpoint with no `kv_events` subscribes to what its engine's `/kv_event_sources`
+/// names; an unreadable answer keeps it; another source moves the subscription; an engine
+/// reporting none drops it.
+#[tokio::test]
+async fn discovered_kv_sources_start_and_move_the_subscription() {
+    let r = registry();
+    r.reconcile(&[EndpointConfig::new("http://127.0.0.1:1")])
+        .unwrap();
+    let sources = |port: u16| {
+        crate::parse_kv_event_sources(
+            format!(r#"{{"0":{{"enable_kv_cache_events":true,"publisher":"zmq","endpoint":"tcp://*:{port}","topic":"t"}}}}"#).as_bytes(),
+            "127.0.0.1",
+        )
+    };
+    let report = |kv: crate::KvSourcesRead| EngineReport {
+        models: Some(vec![crate::ServedModel {
+            id: "m".into(),
+            parent: None,
+        }]),
+        kv_sources: Some(kv),
+        ..EngineReport::default()
+    };
+    assert!(r.apply_report("http://127.0.0.1:1", report(sources(5557))));
+    let first = r.get("127.0.0.1:1").unwrap();
+    assert!(first.has_kv_events(), "subscribed to the discovered source");
+    let (source, said) = r.kv_source("http://127.0.0.1:1");
+    let source = source.unwrap();
+    assert_eq!(
+        (source.origin, source.events.as_str(), source.topic.as_str()),
+        (KvOrigin::Discovered, "tcp://127.0.0.1:5557", "t")
+    );
+    assert_eq!(
+        said.as_deref(),
+        Some("rank 0 tcp://127.0.0.1:5557, no replay, topic \"t\"")
+    );
+
+    let unreadable = crate::KvSourcesRead::Unreadable("status 503".into());
+    assert!(
+        !r.apply_report("http://127.0.0.1:1", report(unreadable)),
+        "kept"
+    );
+    assert!(Arc::ptr_eq(&first, &r.get("127.0.0.1:1").unwrap()));
+    assert_eq!(
+        r.kv_source("http://127.0.0.1:1").1.as_deref(),
+        Some("not read: status 503")
+    );
+
+    assert!(
+        r.apply_report("http://127.0.0.1:1", report(sources(6000))),
+        "moved"
+    );
+    let (source, _) = r.kv_source("http://127.0.0.1:1");
+    assert_eq!(source.unwrap().events, "tcp://127.0.0.1:6000");
+    assert!(r.get("127.0.0.1:1").unwrap().has_kv_events());
+
+    let none = crate::parse_kv_event_sources(b"{}", "127.0.0.1");
+    assert!(
+        r.apply_report("http://127.0.0.1:1", report(none)),
+        "dropped"
+    );
+    assert!(!r.get("127.0.0.1:1").unwrap().has_kv_events());
+    assert_eq!(r.kv_source("http://127.0.0.1:1").0, None);
+}
+
+/// A configured `kv_events` wins over a contradicting discovered one, and the contradiction
+/// is counted once however often the engine repeats it.
+#[tokio::test]
+async fn configured_kv_events_win_and_a_contradiction_counts_once() {
+    let r = registry();
+    let mut c = EndpointConfig::new("http://127.0.0.1:2");
+    c.kv_events = Some("tcp://127.0.0.1:7000".into());
+    c.model = Some("m".into());
+    r.reconcile(&[c]).unwrap();
+    let engine = || EngineReport {
+        kv_sources: Some(crate::parse_kv_event_sources(
+            br#"{"0":{"enable_kv_cache_events":true,"publisher":"zmq","endpoint":"tcp://*:5557"}}"#,
+            "127.0.0.1",
+        )),
+        ..EngineReport::default()
+    };
+    assert!(
+        !r.apply_report("http://127.0.0.1:2", engine()),
+        "configured: kept"
+    );
+    assert!(!r.apply_report("http://127.0.0.1:2", engine()));
+    let (source, _) = r.kv_source("http://127.0.0.1:2");
+    let source = source.unwrap();
+    assert_eq!(
+        (source.origin, source.events.as_str()),
+        (KvOrigin::Configured, "tcp://127.0.0.1:7000")
+    );
+    assert_eq!(r.conflicts.count("127.0.0.1:2", "kv_events"), 1);
+}

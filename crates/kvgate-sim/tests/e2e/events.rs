@@ -257,3 +257,41 @@ async fn stalled_metrics_answer_late_unless_overridden() {
     assert_eq!(request(http, "GET", "/health", None).await.status, 200);
     sim.shutdown().await;
 }
+
+/// `/kv_event_sources` answers each DP rank's publisher as vLLM does: a wildcard host stays
+/// `*` with the bound port, which is where the events are; `{}` with events off.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kv_event_sources_name_each_rank_s_publisher() {
+    let sim = sim(&[
+        "--data-parallel-size",
+        "2",
+        "--kv-events-endpoint",
+        "tcp://*:0",
+        "--kv-events-topic",
+        "kv@{port}",
+    ])
+    .await;
+    let inst = &sim.instances()[0];
+    let v = request(inst.http, "GET", "/kv_event_sources", None)
+        .await
+        .json();
+    for (rank, bound) in inst.events.iter().enumerate() {
+        let r = &v[rank.to_string()];
+        let port = bound.events.rsplit_once(':').unwrap().1;
+        assert_eq!(r["endpoint"], format!("tcp://*:{port}"), "{v}");
+        assert_eq!(r["enable_kv_cache_events"], true, "{v}");
+        assert_eq!(r["publisher"], "zmq", "{v}");
+        assert_eq!(r["topic"], format!("kv@{}", inst.http.port()), "{v}");
+        // LOOPBACK_FLAGS bind the replay socket on 127.0.0.1: reported as bound.
+        assert_eq!(r["replay_endpoint"], bound.replay.clone().unwrap(), "{v}");
+    }
+    assert_eq!(v.as_object().unwrap().len(), 2, "{v}");
+    sim.shutdown().await;
+
+    let off = super::sim(&["--no-kv-events"]).await;
+    let v = request(off.instances()[0].http, "GET", "/kv_event_sources", None)
+        .await
+        .json();
+    assert_eq!(v, json!({}));
+    off.shutdown().await;
+}

@@ -145,6 +145,9 @@ impl Router {
             config.add_endpoint_flag(flag)?;
         }
         config.default_endpoint_models();
+        // The approximate policy routes without events, even where the engines report theirs
+        // at /kv_event_sources.
+        config.engines.kv_event_sources = policy.uses_kv_events();
         config.replica_sync = replica_sync;
         let running = RunningProxy::launch(config)
             .await

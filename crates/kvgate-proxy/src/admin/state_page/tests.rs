@@ -36,6 +36,8 @@ fn endpoint(name: &str) -> EndpointSnapshot {
         mispredicted_requests: 0,
         prompt_tokens: 0,
         kv_stream: None,
+        kv_source: None,
+        kv_discovery: None,
     }
 }
 
@@ -135,6 +137,7 @@ fn cells(html: &str, id: &str, row_marker: &str) -> Vec<String> {
     let table = html
         .split(&format!("<table id=\"{id}\">"))
         .nth(1)
+        .and_then(|t| t.split("</table>").next())
         .unwrap_or_default();
     let row = table
         .split("<tr")
@@ -260,6 +263,73 @@ fn streams_show_only_endpoints_with_kv_events() {
         "{html}"
     );
     assert!(cells(&html, "streams", "data-endpoint=\"a:1\"").is_empty());
+}
+
+#[test]
+fn kv_sources_show_where_each_endpoint_s_events_come_from() {
+    use kvgate_schedule::{KvOrigin, KvSourceInfo};
+    let mut found = endpoint("d:1");
+    found.kv_source = Some(KvSourceInfo {
+        origin: KvOrigin::Discovered,
+        events: "tcp://d:5557".into(),
+        replay: Some("tcp://d:5558".into()),
+        replay_origin: Some(KvOrigin::Discovered),
+        topic: String::new(),
+        rank: 0,
+    });
+    found.kv_discovery = Some("rank 0 tcp://d:5557, replay tcp://d:5558".into());
+    let mut mixed = endpoint("e:1");
+    mixed.kv_source = Some(KvSourceInfo {
+        origin: KvOrigin::Configured,
+        events: "tcp://e:5557".into(),
+        replay: Some("tcp://e:5558".into()),
+        replay_origin: Some(KvOrigin::Discovered),
+        topic: "kv@e".into(),
+        rank: 0,
+    });
+    let mut none = endpoint("f:1");
+    none.kv_discovery = Some("not read: GET /kv_event_sources: status 404".into());
+    let html = live(&view(vec![found, mixed, none], vec![]));
+    // The page escapes `/` too.
+    let row = |name: &str| -> Vec<String> {
+        cells(&html, "kv_sources", &format!("data-endpoint=\"{name}\""))
+            .iter()
+            .map(|c| c.replace("&#x2f;", "/"))
+            .collect()
+    };
+    assert_eq!(
+        row("d:1"),
+        [
+            "d:1",
+            "discovered",
+            "tcp://d:5557",
+            "tcp://d:5558",
+            "–",
+            "rank 0 tcp://d:5557, replay tcp://d:5558"
+        ]
+    );
+    assert_eq!(
+        row("e:1"),
+        [
+            "e:1",
+            "configured",
+            "tcp://e:5557",
+            "tcp://e:5558 (discovered)",
+            "kv@e",
+            "–"
+        ]
+    );
+    assert_eq!(
+        row("f:1"),
+        [
+            "f:1",
+            "none",
+            "–",
+            "–",
+            "–",
+            "not read: GET /kv_event_sources: status 404"
+        ]
+    );
 }
 
 #[test]
