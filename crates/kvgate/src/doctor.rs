@@ -1,8 +1,11 @@
-//! `kvgate doctor URL...`: asks each engine what it is (models, KV cache layout, KV events,
-//! replay, usage details, tokenization) and prints what precise routing will and will not be
-//! able to do, one line per finding, each problem with the flag that fixes it.
+//! `kvgate doctor URL...`: asks each engine what it is (models, KV cache layout, its KV-event
+//! publishers at `/kv_event_sources`, KV events, replay, usage details, tokenization) and
+//! prints what precise routing will and will not be able to do, one line per finding, each
+//! problem with the flag that fixes it. Without `--kv` for an engine, the events socket the
+//! engine reports is probed (as `kvgate serve` subscribes to it).
 
 mod probe;
+mod sources;
 mod tokens;
 
 use std::{collections::HashMap, time::Duration};
@@ -19,10 +22,12 @@ pub(crate) struct DoctorArgs {
     /// Engine base URLs (OpenAI-compatible vLLM or `kvgate sim`), e.g. http://10.0.0.1:8000.
     #[arg(required = true, value_name = "URL")]
     urls: Vec<String>,
-    /// An engine's KV events PUB socket, URL=tcp://HOST:PORT (repeatable).
+    /// An engine's KV events PUB socket, URL=tcp://HOST:PORT (repeatable) [default: the one
+    /// the engine reports at /kv_event_sources].
     #[arg(long = "kv", value_name = "URL=tcp://HOST:PORT")]
     kv: Vec<String>,
-    /// An engine's KV events replay ROUTER socket, URL=tcp://HOST:PORT (repeatable).
+    /// An engine's KV events replay ROUTER socket, URL=tcp://HOST:PORT (repeatable)
+    /// [default: the one the engine reports next to its events socket].
     #[arg(long = "replay", value_name = "URL=tcp://HOST:PORT")]
     replay: Vec<String>,
     /// Local tokenizer for a model, MODEL=DIR (repeatable), checked against the engine's
@@ -202,19 +207,25 @@ impl EngineProbe<'_> {
             .unwrap_or(&models[0]);
         let block_size = self.cache(&http, &mut out).await;
 
+        let sources = self.sources(&http, &mut out).await;
         // Subscribe before the probe request, so its blocks are published to us.
-        let mut events = match self.kv {
-            Some(ep) => match Events::connect(ep, self.timeout).await {
+        let mut events = match &sources.events {
+            Some(ep) => match Events::connect(&ep.url, self.timeout).await {
                 Ok(ev) => Some(ev),
                 Err(e) => {
                     out.push(no_events(format!(
-                        "KV events socket {ep} unreachable: {e:#}"
+                        "KV events socket {} unreachable: {e:#}{}",
+                        ep.url,
+                        ep.origin()
                     )));
                     None
                 }
             },
             None => {
-                out.push(no_events("no KV events socket given".to_owned()));
+                out.push(no_events(format!(
+                    "no KV events socket: {}",
+                    sources.why_none
+                )));
                 None
             }
         };
@@ -223,16 +234,24 @@ impl EngineProbe<'_> {
             tokio::time::sleep(Duration::from_millis(300)).await;
         }
         let usage = self.completion(&http, &base.id, block_size).await;
-        if let (Some(ev), Some(ep)) = (events.as_mut(), self.kv) {
+        if let (Some(ev), Some(ep)) = (events.as_mut(), &sources.events) {
             out.push(match ev.first_batch(self.timeout).await {
                 Ok(b) => Finding::ok(format!(
-                    "KV events: reachable on {ep} (batch seq {}, {} event(s), topic {:?})",
-                    b.seq, b.events, b.topic
+                    "KV events: reachable on {} (batch seq {}, {} event(s), topic {:?}){}",
+                    ep.url,
+                    b.seq,
+                    b.events,
+                    b.topic,
+                    ep.origin()
                 )),
-                Err(e) => no_events(format!("KV events: {ep} connected but {e:#}")),
+                Err(e) => no_events(format!(
+                    "KV events: {} connected but {e:#}{}",
+                    ep.url,
+                    ep.origin()
+                )),
             });
         }
-        out.push(self.replay().await);
+        out.push(self.replay(sources.replay.as_ref()).await);
         out.push(match usage {
             Ok(u) => details(&u),
             Err(e) => Finding::warn(
@@ -334,19 +353,20 @@ impl EngineProbe<'_> {
         Ok(v["usage"].clone())
     }
 
-    async fn replay(&self) -> Finding {
-        let fix = "pass --replay URL=tcp://HOST:PORT (vLLM: \"replay_endpoint\" in --kv-events-config; kvgate sim: --kv-events-replay-endpoint); without replay a lost batch leaves the index degraded until blocks are stored again";
-        let Some(ep) = self.replay else {
-            return Finding::warn("replay: no socket given", fix);
+    async fn replay(&self, socket: Option<&sources::Socket>) -> Finding {
+        let fix = "pass --replay URL=tcp://HOST:PORT (vLLM: \"replay_endpoint\" in --kv-events-config, which /kv_event_sources then reports; kvgate sim: --kv-events-replay-endpoint); without replay a lost batch leaves the index degraded until blocks are stored again";
+        let Some(socket) = socket else {
+            return Finding::warn("replay: no socket given or found at /kv_event_sources", fix);
         };
+        let (ep, origin) = (socket.url.as_str(), socket.origin());
         match probe::replay_first(ep, self.timeout).await {
             Ok(ReplayAnswer::Batch(seq)) => Finding::ok(format!(
-                "replay: reachable on {ep} (first retained batch seq {seq})"
+                "replay: reachable on {ep} (first retained batch seq {seq}){origin}"
             )),
-            Ok(ReplayAnswer::Empty) => {
-                Finding::ok(format!("replay: reachable on {ep} (nothing retained yet)"))
-            }
-            Err(e) => Finding::warn(format!("replay: {ep} did not answer: {e:#}"), fix),
+            Ok(ReplayAnswer::Empty) => Finding::ok(format!(
+                "replay: reachable on {ep} (nothing retained yet){origin}"
+            )),
+            Err(e) => Finding::warn(format!("replay: {ep} did not answer: {e:#}{origin}"), fix),
         }
     }
 }
@@ -371,7 +391,7 @@ fn no_events(text: String) -> Finding {
     Finding::fail(
         "no KV events",
         text,
-        "run vLLM with --kv-events-config '{\"enable_kv_cache_events\":true,\"publisher\":\"zmq\",\"endpoint\":\"tcp://*:5557\"}' (or kvgate sim without --no-kv-events, --kv-events-endpoint tcp://*:5557) and pass --kv URL=tcp://HOST:5557",
+        "run vLLM with --kv-events-config '{\"enable_kv_cache_events\":true,\"publisher\":\"zmq\",\"endpoint\":\"tcp://*:5557\"}' (or kvgate sim without --no-kv-events, --kv-events-endpoint tcp://*:5557); vLLM ≥ 0.32 reports it at /kv_event_sources, older ones need --kv URL=tcp://HOST:5557",
     )
 }
 

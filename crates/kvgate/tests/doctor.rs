@@ -3,8 +3,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::{
-    io::{BufRead, BufReader},
-    net::SocketAddr,
+    io::{BufRead, BufReader, Read, Write},
+    net::{SocketAddr, TcpListener},
     process::{Child, Command, Output, Stdio},
     sync::mpsc,
     time::{Duration, Instant},
@@ -203,11 +203,15 @@ fn doctor_reports_events_on_one_fleet_and_the_fixing_flag_on_the_other() {
     assert_eq!(out.status.code(), Some(1), "{report}");
     let first = section(&report, &on_url);
     assert!(has(&first, "ok", "KV events: reachable on"), "{report}");
+    assert!(has(&first, "ok", "--kv tcp://127.0.0.1:"), "{report}");
+    // No --replay: the one the engine reports next to the --kv it agrees with.
     assert!(
         has(
             &first,
-            "warn",
-            "replay: no socket given; fix: pass --replay"
+            "ok",
+            &format!(
+                "replay: reachable on {replay} (first retained batch seq 0); found at /kv_event_sources"
+            )
         ),
         "{report}"
     );
@@ -215,6 +219,10 @@ fn doctor_reports_events_on_one_fleet_and_the_fixing_flag_on_the_other() {
     assert_eq!(first.last(), Some(&"  precise routing: ready"), "{report}");
     let second = section(&report, &off_url);
     assert!(has(&second, "ok", "block size 20"), "{report}");
+    assert!(
+        has(&second, "warn", "/kv_event_sources no usable publisher"),
+        "{report}"
+    );
     assert!(has(&second, "FAIL", "KV events socket"), "{report}");
     assert!(
         has(&second, "FAIL", "fix: run vLLM with --kv-events-config"),
@@ -245,6 +253,126 @@ fn doctor_fails_on_an_unreachable_engine() {
             .last()
             .unwrap()
             .contains("not ready: engine unreachable"),
+        "{report}"
+    );
+}
+
+/// No `--kv`: the socket the engine reports at `/kv_event_sources` (`tcp://*:PORT`, the
+/// engine URL's host put in) is probed, its replay too, and the engine is ready.
+#[test]
+fn doctor_uses_the_events_the_engine_reports() {
+    let sim = sim(&[
+        "--kv-events-endpoint",
+        "tcp://*:0",
+        "--kv-events-replay-endpoint",
+        "tcp://*:0",
+    ]);
+    let url = format!("http://{}", sim.http);
+    let port = sim.events.as_deref().unwrap().rsplit_once(':').unwrap().1;
+    let (out, report) = doctor(&[url.clone(), format!("--tokenizer={MODEL}={TOKENIZER}")]);
+    let lines = section(&report, &url);
+    assert_eq!(out.status.code(), Some(0), "{report}");
+    let events = format!("tcp://127.0.0.1:{port}");
+    assert!(
+        has(
+            &lines,
+            "ok",
+            &format!(
+                "KV event sources: /kv_event_sources names rank 0 {events}, replay tcp://127.0.0.1:"
+            )
+        ),
+        "{report}"
+    );
+    assert!(has(&lines, "ok", "used, no --kv given"), "{report}");
+    assert!(
+        has(
+            &lines,
+            "ok",
+            &format!("KV events: reachable on {events} (batch seq")
+        ),
+        "{report}"
+    );
+    assert!(
+        has(&lines, "ok", "; found at /kv_event_sources")
+            && has(&lines, "ok", "KV events: reachable on"),
+        "{report}"
+    );
+    assert!(
+        has(&lines, "ok", "replay: reachable on tcp://127.0.0.1:"),
+        "{report}"
+    );
+    assert_eq!(lines.last(), Some(&"  precise routing: ready"), "{report}");
+}
+
+/// A stub engine: `/v1/models` lists one model, `/v1/chat/completions/render` answers what
+/// vLLM 0.33 answers without `--enable-scale-out`, everything else 404.
+fn scale_out_disabled_engine() -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for mut conn in listener.incoming().map_while(Result::ok) {
+            let mut reader = BufReader::new(conn.try_clone().unwrap());
+            let mut line = String::new();
+            if reader.read_line(&mut line).is_err() {
+                continue;
+            }
+            let path = line.split(' ').nth(1).unwrap_or_default().to_owned();
+            let mut length = 0;
+            loop {
+                let mut h = String::new();
+                if reader.read_line(&mut h).is_err() || h.trim().is_empty() {
+                    break;
+                }
+                if let Some((k, v)) = h.split_once(':')
+                    && k.eq_ignore_ascii_case("content-length")
+                {
+                    length = v.trim().parse().unwrap_or(0);
+                }
+            }
+            let mut body = vec![0; length];
+            let _ = reader.read_exact(&mut body);
+            let (status, body) = match path.as_str() {
+                "/v1/models" => (
+                    "200 OK",
+                    format!(r#"{{"object":"list","data":[{{"id":"{MODEL}","object":"model"}}]}}"#),
+                ),
+                "/v1/chat/completions/render" => (
+                    "403 Forbidden",
+                    r#"{"error":{"message":"Scale-out endpoints are disabled. Restart vllm serve with --enable-scale-out to enable them.","type":"PermissionDeniedError","param":null,"code":403}}"#.to_owned(),
+                ),
+                _ => ("404 Not Found", r#"{"detail":"Not Found"}"#.to_owned()),
+            };
+            let _ = write!(
+                conn,
+                "HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                body.len()
+            );
+        }
+    });
+    addr
+}
+
+/// vLLM 0.33 without `--enable-scale-out` answers `/render` with 403: the fix names the
+/// engine flag, and kvgate's `--tokenizer` as the other way.
+#[test]
+fn a_render_403_suggests_enable_scale_out() {
+    let url = format!("http://{}", scale_out_disabled_engine());
+    let (out, report) = doctor(std::slice::from_ref(&url));
+    assert_eq!(out.status.code(), Some(1), "{report}");
+    let lines = section(&report, &url);
+    let line = lines
+        .iter()
+        .find(|l| l.contains("tokenization: /render failed"))
+        .unwrap_or_else(|| panic!("{report}"));
+    assert!(line.trim_start().starts_with("FAIL"), "{line}");
+    assert!(line.contains("403"), "{line}");
+    assert!(
+        line.contains("fix: restart vllm serve with --enable-scale-out"),
+        "{line}"
+    );
+    assert!(line.contains(&format!("--tokenizer {MODEL}=DIR")), "{line}");
+    assert!(
+        has(&lines, "FAIL", "/kv_event_sources not read: status 404"),
         "{report}"
     );
 }

@@ -37,9 +37,15 @@ impl EngineProbe<'_> {
                     format!(
                         "tokenization: /render failed ({e}) and no local tokenizer for {model}"
                     ),
-                    format!(
-                        "pass --tokenizer {model}=DIR (the model's tokenizer.json and tokenizer_config.json)"
-                    ),
+                    if scale_out_disabled(&e) {
+                        format!(
+                            "restart vllm serve with --enable-scale-out (vLLM 0.33 serves /render only with it), or pass kvgate --tokenizer {model}=DIR (the model's tokenizer.json and tokenizer_config.json)"
+                        )
+                    } else {
+                        format!(
+                            "pass --tokenizer {model}=DIR (the model's tokenizer.json and tokenizer_config.json)"
+                        )
+                    },
                 ),
             };
         };
@@ -65,7 +71,11 @@ impl EngineProbe<'_> {
                     format!(
                         "tokenization: local tokenizer loaded, /render failed ({e}); parity unchecked"
                     ),
-                    "run `kvgate parity` against a vLLM with /render",
+                    if scale_out_disabled(&e) {
+                        "restart vllm serve with --enable-scale-out so /render answers, then run `kvgate parity` against it"
+                    } else {
+                        "run `kvgate parity` against a vLLM with /render"
+                    },
                 );
             }
         };
@@ -89,4 +99,11 @@ impl EngineProbe<'_> {
             ),
         }
     }
+}
+
+/// vLLM 0.33 answers `/render` with 403 "Scale-out endpoints are disabled. Restart vllm serve
+/// with --enable-scale-out" unless it runs with `--enable-scale-out`.
+fn scale_out_disabled(e: &kvgate_tokenize::BackendError) -> bool {
+    e.reason == kvgate_tokenize::FallbackReason::RenderHttpError
+        && (e.detail.contains(": 403 ") || e.detail.contains("--enable-scale-out"))
 }
