@@ -87,6 +87,9 @@ pub struct EndpointSnapshot {
     pub kv_source: Option<KvSourceInfo>,
     /// Its engine's last `/kv_event_sources` answer in words (`None`: not asked yet).
     pub kv_discovery: Option<String>,
+    /// Its KV cache groups as its events show them, in words (`None`: no KV events, or none
+    /// named a group yet); a hybrid model has more than one.
+    pub kv_cache_groups: Option<String>,
 }
 
 /// One endpoint's KV event stream (see [`kvgate_kvcache::StreamHealth`]).
@@ -197,5 +200,93 @@ fn endpoint_snapshot(reg: &EndpointRegistry, e: &EndpointState, now: Instant) ->
             .map(KvStreamSnapshot::from),
         kv_source,
         kv_discovery,
+        kv_cache_groups: e
+            .has_kv_events()
+            .then(|| describe_groups(&index.cache_groups(e.kv_id())))
+            .flatten(),
+    }
+}
+
+/// An endpoint's KV cache groups in words: the primary group, then each other one with the
+/// rule its hit follows, then the unmodelled ones.
+fn describe_groups(g: &kvgate_kvcache::CacheGroups) -> Option<String> {
+    use kvgate_kvcache::GroupRule;
+    let primary = g.primary?;
+    let mut parts = vec![format!("group {primary}: full attention (the prefix)")];
+    for o in &g.others {
+        parts.push(match o.rule {
+            GroupRule::Run(n) => format!(
+                "group {}: windowed, the hit ends after {n} cached block{}",
+                o.group_idx,
+                if n == 1 { "" } else { "s" }
+            ),
+            GroupRule::Prefix => format!("group {}: full attention (its own prefix)", o.group_idx),
+        });
+    }
+    for i in &g.ignored {
+        parts.push(format!("group {i}: not modelled (skipped)"));
+    }
+    Some(parts.join("; "))
+}
+
+#[cfg(test)]
+mod groups_tests {
+    use kvgate_kvcache::{CacheGroup, CacheGroups, GroupRule};
+
+    use super::describe_groups;
+
+    #[test]
+    fn groups_in_words() {
+        let g = |primary, others: Vec<CacheGroup>, ignored: Vec<u8>| CacheGroups {
+            primary,
+            others,
+            ignored,
+        };
+        let window = CacheGroup {
+            group_idx: 0,
+            rule: GroupRule::Run(4),
+        };
+        let cases = [
+            (g(None, vec![], vec![]), None),
+            (
+                g(Some(0), vec![], vec![]),
+                Some("group 0: full attention (the prefix)"),
+            ),
+            (
+                g(Some(1), vec![window], vec![]),
+                Some(
+                    "group 1: full attention (the prefix); group 0: windowed, the hit ends after 4 cached blocks",
+                ),
+            ),
+            (
+                g(
+                    Some(1),
+                    vec![CacheGroup {
+                        group_idx: 2,
+                        rule: GroupRule::Run(1),
+                    }],
+                    vec![3],
+                ),
+                Some(
+                    "group 1: full attention (the prefix); group 2: windowed, the hit ends after 1 cached block; group 3: not modelled (skipped)",
+                ),
+            ),
+            (
+                g(
+                    Some(0),
+                    vec![CacheGroup {
+                        group_idx: 1,
+                        rule: GroupRule::Prefix,
+                    }],
+                    vec![],
+                ),
+                Some(
+                    "group 0: full attention (the prefix); group 1: full attention (its own prefix)",
+                ),
+            ),
+        ];
+        for (groups, want) in cases {
+            assert_eq!(describe_groups(&groups).as_deref(), want, "{groups:?}");
+        }
     }
 }

@@ -38,6 +38,7 @@ fn endpoint(name: &str) -> EndpointSnapshot {
         kv_stream: None,
         kv_source: None,
         kv_discovery: None,
+        kv_cache_groups: None,
     }
 }
 
@@ -278,6 +279,8 @@ fn kv_sources_show_where_each_endpoint_s_events_come_from() {
         rank: 0,
     });
     found.kv_discovery = Some("rank 0 tcp://d:5557, replay tcp://d:5558".into());
+    found.kv_cache_groups =
+        Some("group 1: full attention (the prefix); group 0: windowed, the hit ends after 4 cached blocks".into());
     let mut mixed = endpoint("e:1");
     mixed.kv_source = Some(KvSourceInfo {
         origin: KvOrigin::Configured,
@@ -305,7 +308,8 @@ fn kv_sources_show_where_each_endpoint_s_events_come_from() {
             "tcp://d:5557",
             "tcp://d:5558",
             "–",
-            "rank 0 tcp://d:5557, replay tcp://d:5558"
+            "rank 0 tcp://d:5557, replay tcp://d:5558",
+            "group 1: full attention (the prefix); group 0: windowed, the hit ends after 4 cached blocks"
         ]
     );
     assert_eq!(
@@ -316,6 +320,7 @@ fn kv_sources_show_where_each_endpoint_s_events_come_from() {
             "tcp://e:5557",
             "tcp://e:5558 (discovered)",
             "kv@e",
+            "–",
             "–"
         ]
     );
@@ -327,7 +332,8 @@ fn kv_sources_show_where_each_endpoint_s_events_come_from() {
             "–",
             "–",
             "–",
-            "not read: GET /kv_event_sources: status 404"
+            "not read: GET /kv_event_sources: status 404",
+            "–"
         ]
     );
 }
