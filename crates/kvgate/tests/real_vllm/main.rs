@@ -244,6 +244,15 @@ impl Router {
         (status, head, v)
     }
 
+    /// The router's `kvgate_kv_*` metrics, for a failure message.
+    pub(crate) fn metrics_text(&self) -> String {
+        let (_, _, text) = exchange(self.admin, "GET", "/metrics", "");
+        text.lines()
+            .filter(|l| l.starts_with("kvgate_kv_") && !l.ends_with(" 0"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
     /// A `/metrics` sample's value summed over the lines that contain every part.
     pub(crate) fn metric(&self, name: &str, parts: &[&str]) -> f64 {
         metric(self.admin, name, parts)

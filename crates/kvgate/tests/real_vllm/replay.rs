@@ -12,12 +12,14 @@ use std::{
 
 use super::*;
 
-/// A TCP relay in front of the engine's event publisher that can be cut (every connection
-/// closed, new ones refused) and restored.
+/// A TCP relay in front of the engine's event publisher that can be cut: every connection
+/// closed, and new ones held open without a byte through (a partition, not a refusal: the
+/// router's reconnect waits instead of spinning), until it is restored.
 struct Cuttable {
     addr: SocketAddr,
     open: Arc<AtomicBool>,
     live: Arc<Mutex<Vec<TcpStream>>>,
+    held: Arc<Mutex<Vec<TcpStream>>>,
 }
 
 impl Cuttable {
@@ -26,11 +28,12 @@ impl Cuttable {
         let addr = listener.local_addr().unwrap();
         let open = Arc::new(AtomicBool::new(true));
         let live = Arc::new(Mutex::new(Vec::new()));
-        let (o, l) = (Arc::clone(&open), Arc::clone(&live));
+        let held = Arc::new(Mutex::new(Vec::new()));
+        let (o, l, h) = (Arc::clone(&open), Arc::clone(&live), Arc::clone(&held));
         std::thread::spawn(move || {
             for client in listener.incoming().map_while(Result::ok) {
                 if !o.load(Ordering::SeqCst) {
-                    let _ = client.shutdown(Shutdown::Both);
+                    h.lock().unwrap().push(client);
                     continue;
                 }
                 let Ok(server) = TcpStream::connect(upstream) else {
@@ -46,7 +49,12 @@ impl Cuttable {
                 std::thread::spawn(move || pipe(s2, c2));
             }
         });
-        Cuttable { addr, open, live }
+        Cuttable {
+            addr,
+            open,
+            live,
+            held,
+        }
     }
 
     fn cut(&self) {
@@ -56,8 +64,12 @@ impl Cuttable {
         }
     }
 
+    /// Forwards new connections again and closes the held ones, so the router reconnects.
     fn restore(&self) {
         self.open.store(true, Ordering::SeqCst);
+        for s in self.held.lock().unwrap().drain(..) {
+            let _ = s.shutdown(Shutdown::Both);
+        }
     }
 }
 
@@ -89,9 +101,10 @@ fn events_lost_while_disconnected_are_replayed() {
     r.wait_connected(&[e]);
     let stream = format!("{}#0", e.address());
     relay.cut();
-    wait_until("the router to see the event stream cut", || {
-        r.metric("kvgate_kv_unconfirmed", &[&stream]) >= 1.0
-    });
+    r.kvgate.wait_for(
+        "kv events disconnected, reconnecting; holdings unconfirmed until reconciled",
+        1,
+    );
     // A turn served while the router hears none of the engine's events.
     let system = system_prompt(501, 400);
     let (status, _, v) = r.chat(&chat_body(&system, &["first question"], 8));
@@ -100,8 +113,8 @@ fn events_lost_while_disconnected_are_replayed() {
         .as_str()
         .unwrap()
         .to_owned();
-    let d = r.decisions(1);
-    let held = d[0].prompt_tokens / ENGINE_BLOCK;
+    // The engine's count: the decision's is an estimate when routing tokenized a prefix.
+    let held = v["usage"]["prompt_tokens"].as_u64().unwrap() / ENGINE_BLOCK;
     let replays = r.metric("kvgate_kv_replays_total", &[&stream, "reason=\"ok\""]);
     relay.restore();
     wait_until("the lost events replayed into the index", || {
@@ -115,11 +128,12 @@ fn events_lost_while_disconnected_are_replayed() {
     let follow = chat_body(&system, &["first question", &answer, "second question"], 8);
     let (status, _, v) = r.chat(&follow);
     assert_eq!(status, 200, "{v}");
+    // The follow-up shares the first turn's prompt up to where the chat template renders the
+    // answer in the history: the lost events are what put that prefix in the index.
     let d = r.decisions(2);
     assert!(
-        d[1].predicted >= held * ENGINE_BLOCK,
-        "the follow-up was predicted {} tokens, the first turn left {held} blocks: {d:#?}",
-        d[1].predicted
+        d[1].predicted > 0,
+        "the follow-up was predicted nothing: {d:#?}"
     );
     assert_eq!(d[1].predicted, d[1].realized, "{:#?}", d[1]);
 }
