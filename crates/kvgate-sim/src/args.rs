@@ -81,13 +81,25 @@ pub struct SimArgs {
     #[arg(long, default_value_t = 8192)]
     pub max_num_batched_tokens: usize,
 
-    /// KV-cache blocks per engine, including vLLM's reserved null block.
-    #[arg(long, default_value_t = 8192)]
+    /// KV-cache blocks per engine, including vLLM's reserved null block (vLLM's
+    /// `--num-gpu-blocks-override`, also accepted). A hybrid model's groups share them.
+    #[arg(
+        long,
+        visible_alias = "num-gpu-blocks-override",
+        default_value_t = 8192
+    )]
     pub num_gpu_blocks: usize,
 
     /// Tokens per KV-cache block.
     #[arg(long, default_value_t = 16)]
     pub block_size: usize,
+
+    /// Simulate a hybrid model (e.g. Gemma3: layers alternate sliding-window and full
+    /// attention) with a sliding window of this many tokens: KV cache group 0 is the
+    /// sliding-window group, group 1 full attention, both taking blocks from the one pool of
+    /// --num-gpu-blocks. Events, hits and evictions follow vLLM's hybrid KV cache manager.
+    #[arg(long, value_name = "TOKENS")]
+    pub hybrid_sliding_window: Option<usize>,
 
     /// Prefix-cache block hash (vLLM's pickle-based `sha256`/`xxhash` are not simulated).
     /// NONE_HASH comes from PYTHONHASHSEED when set, else "vllm-none-hash" (sha256_cbor)
@@ -275,6 +287,9 @@ impl SimArgs {
         if self.num_gpu_blocks < 2 {
             return bad("--num-gpu-blocks must be >= 2 (one is the null block)");
         }
+        if self.hybrid_sliding_window.is_some_and(|w| w < 2) {
+            return bad("--hybrid-sliding-window must be >= 2 tokens");
+        }
         for (flag, value) in [
             ("--max-num-seqs", self.max_num_seqs),
             ("--max-num-batched-tokens", self.max_num_batched_tokens),
@@ -325,6 +340,21 @@ mod tests {
         assert!(a.tokenizer_dir().ends_with("testdata/tokenizers/qwen3"));
     }
 
+    /// The flags a real hybrid engine here runs with, in vLLM's spelling where it has one.
+    #[test]
+    fn a_hybrid_engine_s_flags_parse() {
+        let a = SimArgs::from_flags([
+            "--num-gpu-blocks-override",
+            "160",
+            "--hybrid-sliding-window",
+            "128",
+        ])
+        .unwrap();
+        assert_eq!(a.num_gpu_blocks, 160);
+        assert_eq!(a.hybrid_sliding_window, Some(128));
+        assert!(a.validate().is_ok());
+    }
+
     #[test]
     fn repeatable_flags_collect_and_single_flags_take_the_last_value() {
         let a = SimArgs::from_flags([
@@ -370,6 +400,11 @@ mod tests {
             ("malformed value", vec!["--port", "http"], "--port"),
             ("block size", vec!["--block-size", "0"], "--block-size"),
             ("blocks", vec!["--num-gpu-blocks", "1"], "--num-gpu-blocks"),
+            (
+                "window",
+                vec!["--hybrid-sliding-window", "1"],
+                "--hybrid-sliding-window",
+            ),
             ("seqs", vec!["--max-num-seqs", "0"], "--max-num-seqs"),
             (
                 "budget",

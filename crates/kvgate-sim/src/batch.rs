@@ -129,7 +129,7 @@ impl Batcher {
             };
             let is_prefill = r.kv.num_computed < r.prompt_len;
             let n = (r.kv.tokens.len() - r.kv.num_computed).min(budget);
-            if self.kv.allocate_slots(&mut r.kv, n, &[]) {
+            if self.kv.allocate_slots(&mut r.kv, n, None) {
                 out.push(BatchItem {
                     id,
                     num_new_tokens: n,
@@ -169,10 +169,10 @@ impl Batcher {
                 j += 1;
                 continue;
             }
-            let hits = self.kv.computed_blocks(&r.kv);
-            let hit_tokens = hits.len() * self.kv.block_size();
+            let hit = self.kv.find_hit(&r.kv);
+            let hit_tokens = hit.tokens;
             let n = (r.kv.tokens.len() - hit_tokens).min(budget);
-            if !self.kv.allocate_slots(&mut r.kv, n, &hits) {
+            if !self.kv.allocate_slots(&mut r.kv, n, Some(&hit)) {
                 break;
             }
             r.kv.num_computed = hit_tokens;

@@ -1,9 +1,14 @@
 //! The paged KV block pool, as vLLM 0.33's `BlockPool` (`vllm/v1/core/block_pool.py`).
 //!
-//! - Block 0 is the null block and never handed out, so `num_gpu_blocks - 1` are usable.
+//! - Block 0 is the null block ([`NULL_BLOCK`]) and never handed out, so `num_gpu_blocks - 1`
+//!   are usable. A sliding-window group puts it where it holds no block; touching or freeing
+//!   it does nothing.
+//! - One pool serves every KV cache group (vLLM's `KVCacheCoordinator` builds one `BlockPool`
+//!   of `num_gpu_blocks` for all groups): each group takes blocks of its own from it, and the
+//!   prefix cache is keyed by (block hash, group), so the same hash names one block per group.
 //! - Free blocks live in one doubly linked queue. Allocation pops from the front; a popped
 //!   block that still carries a hash is evicted from the prefix cache (one `BlockRemoved`
-//!   per hash). Freed blocks without a hash go to the front (reused first), hashed blocks to
+//!   per hash, naming the block's group). Freed blocks without a hash go to the front (reused first), hashed blocks to
 //!   the back (LRU), in the order given (requests free their blocks tail first).
 //! - Cache hits `touch` blocks: a free hit block leaves the queue and gains a reference.
 //! - Events are queued here and drained once per engine step ([`BlockPool::take_events`]).
@@ -19,17 +24,24 @@ const NIL: u32 = u32::MAX;
 /// The `medium` of GPU blocks in events.
 pub(crate) const MEDIUM_GPU: &str = "GPU";
 
+/// vLLM's null block: a placeholder in a request's block list, never allocated or cached.
+pub(crate) const NULL_BLOCK: u32 = 0;
+
+/// A prefix-cache key: a block hash within one KV cache group (vLLM `BlockHashWithGroupId`).
+type GroupHash = (BlockHash, u8);
+
+/// vLLM's `BlockPool`: the blocks, their free queue, the prefix cache and the queued events.
 #[derive(Debug)]
 pub(crate) struct BlockPool {
     ref_cnt: Vec<u32>,
-    hash: Vec<Option<BlockHash>>,
+    hash: Vec<Option<GroupHash>>,
     prev: Vec<u32>,
     next: Vec<u32>,
     in_free: Vec<bool>,
     head: u32,
     tail: u32,
     num_free: usize,
-    cached: HashMap<BlockHash, Vec<u32>>,
+    cached: HashMap<GroupHash, Vec<u32>>,
     events: Vec<KvEvent>,
 }
 
@@ -79,14 +91,16 @@ impl BlockPool {
         self.ref_cnt[id as usize]
     }
 
-    /// Distinct hashes in the prefix cache.
+    /// Distinct (hash, group) keys in the prefix cache.
     pub(crate) fn num_cached_hashes(&self) -> usize {
         self.cached.len()
     }
 
-    /// Any block currently cached under `hash`.
-    pub(crate) fn cached_block(&self, hash: &BlockHash) -> Option<u32> {
-        self.cached.get(hash).and_then(|v| v.first().copied())
+    /// Any block group `group` has cached under `hash`.
+    pub(crate) fn cached_block(&self, hash: &BlockHash, group: u8) -> Option<u32> {
+        self.cached
+            .get(&(*hash, group))
+            .and_then(|v| v.first().copied())
     }
 
     /// Pops `n` blocks from the front of the free queue, evicting their hashes.
@@ -107,32 +121,33 @@ impl BlockPool {
     }
 
     fn evict_hash(&mut self, id: u32) {
-        let Some(h) = self.hash[id as usize].take() else {
+        let Some(key) = self.hash[id as usize].take() else {
             return;
         };
         let mut removed = false;
-        if let Some(blocks) = self.cached.get_mut(&h) {
+        if let Some(blocks) = self.cached.get_mut(&key) {
             if let Some(pos) = blocks.iter().position(|&b| b == id) {
                 blocks.swap_remove(pos);
                 removed = true;
             }
             if blocks.is_empty() {
-                self.cached.remove(&h);
+                self.cached.remove(&key);
             }
         }
         if removed {
             self.events.push(KvEvent::BlockRemoved(BlockRemoved {
-                block_hashes: vec![h.to_event_u64().into()],
+                block_hashes: vec![key.0.to_event_u64().into()],
                 medium: Some(MEDIUM_GPU.to_owned()),
-                group_idx: Some(0),
+                group_idx: Some(i64::from(key.1)),
                 ..Default::default()
             }));
         }
     }
 
-    /// Adds a reference to each block (prefix-cache hits), taking free ones off the queue.
+    /// Adds a reference to each block (prefix-cache hits), taking free ones off the queue;
+    /// the null block is skipped.
     pub(crate) fn touch(&mut self, blocks: &[u32]) {
-        for &id in blocks {
+        for &id in blocks.iter().filter(|&&id| id != NULL_BLOCK) {
             if self.ref_cnt[id as usize] == 0 && self.in_free[id as usize] {
                 self.unlink(id);
             }
@@ -140,10 +155,11 @@ impl BlockPool {
         }
     }
 
-    /// Drops one reference from each block, in eviction-priority order (first = evicted first).
+    /// Drops one reference from each block, in eviction-priority order (first = evicted first);
+    /// the null block is skipped.
     pub(crate) fn free_blocks(&mut self, ordered: impl IntoIterator<Item = u32>) {
         let mut first = Vec::new();
-        for id in ordered {
+        for id in ordered.into_iter().filter(|&id| id != NULL_BLOCK) {
             let rc = &mut self.ref_cnt[id as usize];
             *rc = rc.saturating_sub(1);
             if *rc == 0 {
@@ -159,14 +175,15 @@ impl BlockPool {
         }
     }
 
-    /// Inserts a full block into the prefix cache under `hash` (no event; the caller emits
-    /// one `BlockStored` per call of `cache_full_blocks`).
-    pub(crate) fn insert_hash(&mut self, id: u32, hash: BlockHash) {
-        if self.hash[id as usize] == Some(hash) {
+    /// Inserts a full block of group `group` into the prefix cache under `hash` (no event; the
+    /// caller emits one `BlockStored` per group and call of `cache_full_blocks`).
+    pub(crate) fn insert_hash(&mut self, id: u32, hash: BlockHash, group: u8) {
+        let key = (hash, group);
+        if id == NULL_BLOCK || self.hash[id as usize] == Some(key) {
             return;
         }
-        self.hash[id as usize] = Some(hash);
-        self.cached.entry(hash).or_default().push(id);
+        self.hash[id as usize] = Some(key);
+        self.cached.entry(key).or_default().push(id);
     }
 
     /// vLLM's `reset_prefix_cache`: only when no block is in use; queues `AllBlocksCleared`.
@@ -274,8 +291,8 @@ mod tests {
         let mut p = BlockPool::new(7);
         let a = p.get_new_blocks(3).unwrap();
         assert_eq!(a, vec![1, 2, 3]);
-        p.insert_hash(1, h(1));
-        p.insert_hash(2, h(2));
+        p.insert_hash(1, h(1), 0);
+        p.insert_hash(2, h(2), 0);
         // Freed tail first: block 3 (no hash) goes to the front, 2 then 1 to the back.
         p.free_blocks(a.iter().rev().copied());
         assert_eq!(p.free_order(), vec![3, 4, 5, 6, 2, 1]);
@@ -289,16 +306,52 @@ mod tests {
             KvEvent::BlockRemoved(r) => assert_eq!(r.block_hashes[0].to_u64(), h(2).to_event_u64()),
             other => panic!("{other:?}"),
         }
-        assert_eq!(p.cached_block(&h(1)), Some(1));
-        assert_eq!(p.cached_block(&h(2)), None);
+        assert_eq!(p.cached_block(&h(1), 0), Some(1));
+        assert_eq!(p.cached_block(&h(2), 0), None);
         assert!(p.get_new_blocks(2).is_none(), "only one free");
+    }
+
+    /// One hash cached by two groups is two blocks; evicting one names its group only, and
+    /// the null block is neither touched nor freed.
+    #[test]
+    fn groups_cache_a_hash_apart_and_evictions_name_the_group() {
+        let mut p = BlockPool::new(4);
+        let a = p.get_new_blocks(2).unwrap();
+        p.insert_hash(a[0], h(5), 0);
+        p.insert_hash(a[1], h(5), 1);
+        p.insert_hash(NULL_BLOCK, h(6), 0);
+        assert_eq!(p.num_cached_hashes(), 2);
+        assert_eq!(p.cached_block(&h(5), 0), Some(a[0]));
+        assert_eq!(p.cached_block(&h(5), 1), Some(a[1]));
+        assert_eq!(
+            p.cached_block(&h(6), 0),
+            None,
+            "the null block is never cached"
+        );
+        p.touch(&[NULL_BLOCK]);
+        p.free_blocks([NULL_BLOCK, a[1], a[0]]);
+        assert_eq!(p.free_order(), vec![3, a[1], a[0]]);
+        // Two allocations: the never-used block 3, then group 1's copy (freed first).
+        assert!(p.get_new_blocks(2).is_some());
+        let ev = p.take_events();
+        assert_eq!(
+            ev,
+            vec![KvEvent::BlockRemoved(BlockRemoved {
+                block_hashes: vec![h(5).to_event_u64().into()],
+                medium: Some(MEDIUM_GPU.to_owned()),
+                group_idx: Some(1),
+                ..Default::default()
+            })]
+        );
+        assert_eq!(p.cached_block(&h(5), 0), Some(a[0]));
+        assert_eq!(p.cached_block(&h(5), 1), None);
     }
 
     #[test]
     fn touch_takes_block_off_queue_and_reset_needs_all_free() {
         let mut p = BlockPool::new(4);
         let a = p.get_new_blocks(1).unwrap();
-        p.insert_hash(a[0], h(9));
+        p.insert_hash(a[0], h(9), 0);
         p.free_blocks(a.clone());
         assert_eq!(p.num_free(), 3);
         p.touch(&a);
@@ -308,6 +361,6 @@ mod tests {
         p.free_blocks(a);
         assert!(p.reset_prefix_cache());
         assert_eq!(p.take_events(), vec![KvEvent::AllBlocksCleared]);
-        assert_eq!(p.cached_block(&h(9)), None);
+        assert_eq!(p.cached_block(&h(9), 0), None);
     }
 }

@@ -115,6 +115,8 @@ pub(crate) struct EngineConfig {
     pub(crate) latency: LatencyModel,
     pub(crate) hasher: BlockHasher,
     pub(crate) restart_every: Option<Duration>,
+    /// `--hybrid-sliding-window`: a sliding-window KV cache group beside the full-attention one.
+    pub(crate) hybrid_window: Option<usize>,
 }
 
 /// A request handed to the engine.
@@ -243,7 +245,8 @@ impl EngineCore {
     }
 
     fn fresh_batcher(cfg: &EngineConfig) -> Batcher {
-        let kv = KvManager::new(cfg.num_gpu_blocks, cfg.block_size, cfg.hasher.clone());
+        let kv = KvManager::new(cfg.num_gpu_blocks, cfg.block_size, cfg.hasher.clone())
+            .with_hybrid_window(cfg.hybrid_window);
         Batcher::new(kv, cfg.limits)
     }
 
@@ -254,7 +257,10 @@ impl EngineCore {
                     let _ = out.send(EngineOutput::Failed(EngineFailure::Dead));
                     return;
                 }
-                let needed = (req.prompt.len() + req.max_tokens).div_ceil(self.cfg.block_size);
+                let needed = self
+                    .batcher
+                    .kv
+                    .blocks_needed(req.prompt.len() + req.max_tokens);
                 let available = self.cfg.num_gpu_blocks.saturating_sub(1);
                 if needed > available {
                     let _ = out.send(EngineOutput::Failed(EngineFailure::TooLarge {

@@ -114,6 +114,7 @@ pub async fn start_with_prompts(
         },
         hasher,
         restart_every: args.restart_every.map(Duration::from_secs_f64),
+        hybrid_window: args.hybrid_sliding_window,
     };
     let (shutdown, shutdown_rx) = watch::channel(false);
     let mut instances = Vec::with_capacity(args.instances);

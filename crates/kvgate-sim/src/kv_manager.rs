@@ -1,14 +1,26 @@
-//! Request-level KV-cache management, as vLLM 0.33's `KVCacheManager` with one full-attention
-//! group: block hashes per request, longest prefix hit, slot allocation and
-//! `cache_full_blocks` (which queues one `BlockStored` per call).
+//! Request-level KV-cache management, as vLLM 0.32's `KVCacheManager` with its coordinator
+//! (`kv_cache_coordinator.py`) over the model's KV cache groups (`kv_groups`): block hashes
+//! per request, the longest prefix hit, slot allocation per group and `cache_full_blocks`,
+//! which queues one `BlockStored` per group and call, in group order.
+//!
+//! A plain model has one full-attention group (index 0). A hybrid model (`--hybrid-sliding-window
+//! W`) has a sliding-window group (0) and a full-attention group (1) sharing one block pool, each
+//! holding blocks of its own; a block's hash is the request's own in both groups. Its hit is
+//! `HybridKVCacheCoordinator.find_longest_cache_hit` for the simple hybrid (one full-attention
+//! group, one other; one pass): the full-attention group's longest cached prefix, then the
+//! window group's [`window_hit`] within it, and every group cut to that length.
 
 use std::sync::Arc;
 
 use kvgate_kvcache::{BlockStored, KvEvent};
 
-use crate::block_pool::{BlockPool, MEDIUM_GPU};
+use crate::block_pool::{BlockPool, MEDIUM_GPU, NULL_BLOCK};
 use crate::hashing::{BlockHash, BlockHasher, ExtraKey};
+use crate::kv_groups::{GroupKind, window_hit};
 use crate::media::MmFeature;
+
+#[cfg(test)]
+mod tests;
 
 /// A LoRA adapter served by the engine (`--lora-modules name=path`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -21,6 +33,26 @@ pub struct LoraAdapter {
     pub id: i64,
 }
 
+/// One KV cache group's share of a request (vLLM `SingleTypeKVCacheManager.req_to_blocks` and
+/// `num_cached_block`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct GroupBlocks {
+    /// The request's blocks, one per block of its tokens; [`NULL_BLOCK`] where a window group
+    /// holds none (before its window).
+    pub(crate) blocks: Vec<u32>,
+    /// Blocks already through `cache_full_blocks` (hits or stored by this request).
+    pub(crate) num_cached: usize,
+}
+
+/// A prefix-cache hit: each group's hit blocks (null-padded), all the hit's length.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Hit {
+    /// Per group, in the manager's order.
+    pub(crate) groups: Vec<Vec<u32>>,
+    /// Hit tokens (whole blocks): the `cached_tokens` the engine reports.
+    pub(crate) tokens: usize,
+}
+
 /// The KV-relevant state of one request.
 #[derive(Debug)]
 pub(crate) struct KvRequest {
@@ -28,12 +60,14 @@ pub(crate) struct KvRequest {
     pub(crate) tokens: Vec<u32>,
     /// Hashes of every full block of `tokens`.
     pub(crate) block_hashes: Vec<BlockHash>,
-    /// Allocated block ids, in order.
-    pub(crate) blocks: Vec<u32>,
-    /// Blocks already in the prefix cache (hits or stored by this request).
-    pub(crate) num_cached_blocks: usize,
+    /// Per KV cache group, in the manager's order (sized on first allocation).
+    pub(crate) groups: Vec<GroupBlocks>,
+    /// Blocks are held: from the first allocation until freed (finish or preemption).
+    allocated: bool,
     /// Tokens whose KV is computed.
     pub(crate) num_computed: usize,
+    /// Prompt tokens (a window group caches the blocks before the prompt's replay boundary).
+    prompt_len: usize,
     pub(crate) lora: Option<Arc<LoraAdapter>>,
     pub(crate) cache_salt: Option<String>,
     /// Multimodal items, sorted by offset, non-overlapping.
@@ -47,10 +81,11 @@ impl KvRequest {
         cache_salt: Option<String>,
     ) -> KvRequest {
         KvRequest {
+            prompt_len: tokens.len(),
             tokens,
             block_hashes: Vec::new(),
-            blocks: Vec::new(),
-            num_cached_blocks: 0,
+            groups: Vec::new(),
+            allocated: false,
             num_computed: 0,
             lora,
             cache_salt,
@@ -92,25 +127,37 @@ impl KvRequest {
     }
 }
 
-/// The engine's KV cache: a block pool plus the hashing rules.
+/// The engine's KV cache: a block pool shared by the model's KV cache groups, plus the
+/// hashing rules.
 #[derive(Debug)]
 pub(crate) struct KvManager {
     pub(crate) pool: BlockPool,
     hasher: BlockHasher,
     block_size: usize,
+    groups: Vec<GroupKind>,
 }
 
 impl KvManager {
+    /// A plain model's cache: one full-attention group.
     pub(crate) fn new(num_gpu_blocks: usize, block_size: usize, hasher: BlockHasher) -> KvManager {
         KvManager {
             pool: BlockPool::new(num_gpu_blocks),
             hasher,
             block_size: block_size.max(1),
+            groups: GroupKind::layout(None),
         }
     }
 
-    pub(crate) fn block_size(&self) -> usize {
-        self.block_size
+    /// The groups of a hybrid model with a sliding window of `window` tokens (`None`: plain).
+    pub(crate) fn with_hybrid_window(mut self, window: Option<usize>) -> KvManager {
+        self.groups = GroupKind::layout(window);
+        self
+    }
+
+    /// Blocks a request of `tokens` tokens can hold at once, over every group (a window group
+    /// holds each block of a prefill step until the next step frees those out of its window).
+    pub(crate) fn blocks_needed(&self, tokens: usize) -> usize {
+        tokens.div_ceil(self.block_size) * self.groups.len()
     }
 
     /// Hashes every newly full block of `req.tokens` (vLLM does this on token append).
@@ -129,56 +176,137 @@ impl KvManager {
         }
     }
 
-    /// Longest run of cached prefix blocks, capped so at least one prompt token is computed
-    /// (`max_cache_hit_length = num_tokens - 1`). Returns the hit blocks.
-    pub(crate) fn computed_blocks(&self, req: &KvRequest) -> Vec<u32> {
-        let max_blocks = req.tokens.len().saturating_sub(1) / self.block_size;
-        req.block_hashes
-            .iter()
-            .take(max_blocks)
-            .map_while(|h| self.pool.cached_block(h))
-            .collect()
+    /// The longest prefix hit, capped so at least one prompt token is computed
+    /// (`max_cache_hit_length = num_tokens - 1`): full-attention groups first, then each
+    /// window group within their hit, every group cut to the result.
+    pub(crate) fn find_hit(&self, req: &KvRequest) -> Hit {
+        let bs = self.block_size;
+        let max = (req.tokens.len().saturating_sub(1) / bs).min(req.block_hashes.len());
+        let mut groups = vec![Vec::new(); self.groups.len()];
+        let mut hit = max;
+        for (g, kind) in self.groups.iter().enumerate() {
+            if *kind == GroupKind::Full {
+                groups[g] = req.block_hashes[..hit]
+                    .iter()
+                    .map_while(|h| self.pool.cached_block(h, g as u8))
+                    .collect();
+                hit = groups[g].len();
+            }
+        }
+        for (g, kind) in self.groups.iter().enumerate() {
+            if let Some(run) = kind.run_blocks(bs) {
+                groups[g] = window_hit(hit, run, |i| {
+                    self.pool.cached_block(&req.block_hashes[i], g as u8)
+                });
+                hit = groups[g].len();
+            }
+        }
+        for blocks in &mut groups {
+            blocks.truncate(hit);
+        }
+        Hit {
+            groups,
+            tokens: hit * bs,
+        }
     }
 
-    /// vLLM's `allocate_slots`: takes the hit blocks, allocates new ones for
-    /// `num_new_tokens`, and caches the blocks that become full. `false` (and no change)
-    /// when the pool cannot supply the blocks.
+    /// vLLM's `allocate_slots`: frees the blocks window groups left behind, takes the hit's
+    /// blocks (a new request's), allocates each group's new blocks for `num_new_tokens`, and
+    /// caches the blocks that become full. `false` (and no change) when the pool cannot supply
+    /// the blocks.
     pub(crate) fn allocate_slots(
         &mut self,
         req: &mut KvRequest,
         num_new_tokens: usize,
-        hits: &[u32],
+        hit: Option<&Hit>,
     ) -> bool {
         let bs = self.block_size;
-        let num_computed = req.num_computed + hits.len() * bs;
-        let required = (num_computed + num_new_tokens).div_ceil(bs);
-        let have = req.blocks.len() + hits.len();
-        let num_new_blocks = required.saturating_sub(have);
-        let evictable_hits = hits.iter().filter(|&&b| self.pool.ref_cnt(b) == 0).count();
-        if num_new_blocks + evictable_hits > self.pool.num_free() {
+        req.groups
+            .resize_with(self.groups.len(), GroupBlocks::default);
+        let num_computed = req.num_computed + hit.map_or(0, |h| h.tokens);
+        let num_tokens = num_computed + num_new_tokens;
+        let required = num_tokens.div_ceil(bs);
+        let processed = req.num_computed;
+        for g in 0..self.groups.len() {
+            self.remove_skipped_blocks(req, g, processed);
+        }
+        let hit_blocks = |g: usize| hit.and_then(|h| h.groups.get(g)).map_or(&[][..], |b| b);
+        let mut needed = 0;
+        for (g, kind) in self.groups.iter().enumerate() {
+            if req.allocated {
+                needed += required.saturating_sub(req.groups[g].blocks.len());
+                continue;
+            }
+            // `get_num_blocks_to_allocate`: blocks beyond the hit (or the window's start), plus
+            // the hit blocks that leave the free queue.
+            let hits = hit_blocks(g);
+            let skipped = kind.skipped_tokens(num_computed) / bs;
+            needed += required.saturating_sub(skipped.max(hits.len()));
+            needed += hits
+                .iter()
+                .skip(skipped)
+                .filter(|&&b| b != NULL_BLOCK && self.pool.ref_cnt(b) == 0)
+                .count();
+        }
+        if needed > self.pool.num_free() {
             return false;
         }
-        if !hits.is_empty() {
-            self.pool.touch(hits);
-            req.blocks.extend_from_slice(hits);
-            req.num_cached_blocks = req.blocks.len();
-        }
-        if num_new_blocks > 0 {
-            match self.pool.get_new_blocks(num_new_blocks) {
-                Some(b) => req.blocks.extend(b),
-                None => return false,
+        if !req.allocated {
+            // Every group's hits are touched before any group allocates (vLLM #33775).
+            for (g, kind) in self.groups.iter().enumerate() {
+                let hits = hit_blocks(g);
+                let skipped = (kind.skipped_tokens(num_computed) / bs).min(hits.len());
+                self.pool.touch(&hits[skipped..]);
+                let grp = &mut req.groups[g];
+                grp.blocks = vec![NULL_BLOCK; skipped];
+                grp.blocks.extend_from_slice(&hits[skipped..]);
+                grp.num_cached = grp.blocks.len();
             }
         }
-        let to_cache = (num_computed + num_new_tokens).min(req.tokens.len());
-        self.cache_full_blocks(req, to_cache / bs);
+        for grp in &mut req.groups {
+            let n = required.saturating_sub(grp.blocks.len());
+            if n > 0 {
+                match self.pool.get_new_blocks(n) {
+                    Some(b) => grp.blocks.extend(b),
+                    None => return false,
+                }
+            }
+        }
+        req.allocated = true;
+        let to_cache = num_tokens.min(req.tokens.len());
+        for g in 0..self.groups.len() {
+            self.cache_full_blocks(req, g, to_cache / bs);
+        }
         true
     }
 
-    fn cache_full_blocks(&mut self, req: &mut KvRequest, num_full_blocks: usize) {
-        let from = req.num_cached_blocks;
+    /// `remove_skipped_blocks`: group `g`'s blocks wholly before the window of the next token
+    /// once `computed` tokens are computed go back to the pool (last first), the null block in
+    /// their place.
+    fn remove_skipped_blocks(&mut self, req: &mut KvRequest, g: usize, computed: usize) {
+        let skipped = self.groups[g].skipped_tokens(computed) / self.block_size;
+        let blocks = &mut req.groups[g].blocks;
+        let mut freed = Vec::new();
+        for i in (0..skipped.min(blocks.len())).rev() {
+            if blocks[i] == NULL_BLOCK {
+                break;
+            }
+            freed.push(blocks[i]);
+            blocks[i] = NULL_BLOCK;
+        }
+        self.pool.free_blocks(freed);
+    }
+
+    /// `BlockPool.cache_full_blocks` for group `g`: caches the blocks up to `num_full_blocks`
+    /// the group keeps (a window group skips null blocks and those its mask says can never
+    /// end a hit) and queues one `BlockStored` for the span, whose `token_ids` cover every
+    /// block of it even when it lists fewer hashes (or none).
+    fn cache_full_blocks(&mut self, req: &mut KvRequest, g: usize, num_full_blocks: usize) {
+        let kind = self.groups[g];
+        let from = req.groups[g].num_cached;
         let num_full = num_full_blocks
             .min(req.block_hashes.len())
-            .min(req.blocks.len());
+            .min(req.groups[g].blocks.len());
         if from >= num_full {
             return;
         }
@@ -186,8 +314,12 @@ impl KvManager {
         let mut hashes = Vec::with_capacity(num_full - from);
         let mut extra = Vec::with_capacity(num_full - from);
         for i in from..num_full {
+            let block = req.groups[g].blocks[i];
+            if block == NULL_BLOCK || !kind.caches(i, req.prompt_len, bs) {
+                continue;
+            }
             let h = req.block_hashes[i];
-            self.pool.insert_hash(req.blocks[i], h);
+            self.pool.insert_hash(block, h, g as u8);
             hashes.push(h.to_event_u64().into());
             let keys = req.extra_keys(i * bs, (i + 1) * bs);
             extra.push(if keys.is_empty() {
@@ -205,184 +337,25 @@ impl KvManager {
             lora_id: req.lora.as_ref().map(|l| l.id),
             medium: Some(MEDIUM_GPU.to_owned()),
             lora_name: req.lora.as_ref().map(|l| l.name.clone()),
-            extra_keys: Some(extra),
-            group_idx: Some(0),
-            kv_cache_spec_kind: Some("full_attention".to_owned()),
+            // `to_event_extra_keys`: no entries (a span the group caches none of) is None.
+            extra_keys: (!extra.is_empty()).then_some(extra),
+            group_idx: Some(g as i64),
+            kv_cache_spec_kind: Some(kind.spec_kind().to_owned()),
+            kv_cache_spec_sliding_window: kind.sliding_window(),
             ..Default::default()
         }));
-        req.num_cached_blocks = num_full;
+        req.groups[g].num_cached = num_full;
     }
 
-    /// Releases a request's blocks, tail first (so the tail is evicted first).
+    /// Releases a request's blocks, group by group in order, each tail first (so the tail is
+    /// evicted first).
     pub(crate) fn free(&mut self, req: &mut KvRequest) {
-        let blocks = std::mem::take(&mut req.blocks);
-        self.pool.free_blocks(blocks.into_iter().rev());
-        req.num_cached_blocks = 0;
+        for grp in &mut req.groups {
+            let blocks = std::mem::take(&mut grp.blocks);
+            self.pool.free_blocks(blocks.into_iter().rev());
+            grp.num_cached = 0;
+        }
+        req.allocated = false;
         req.num_computed = 0;
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::hashing::HashAlgo;
-    use kvgate_kvcache::ExtraKey as EventExtraKey;
-
-    fn mgr(blocks: usize) -> KvManager {
-        KvManager::new(
-            blocks,
-            4,
-            BlockHasher::with_seed(HashAlgo::Sha256Cbor, "vllm-none-hash"),
-        )
-    }
-
-    fn stored(ev: &[KvEvent]) -> Vec<&BlockStored> {
-        ev.iter()
-            .filter_map(|e| match e {
-                KvEvent::BlockStored(s) => Some(s),
-                _ => None,
-            })
-            .collect()
-    }
-
-    #[test]
-    fn prefill_then_hit_then_decode_block() {
-        let mut m = mgr(10);
-        let mut a = KvRequest::new((1..=10).collect(), None, None);
-        m.update_hashes(&mut a);
-        assert_eq!(a.block_hashes.len(), 2);
-        assert!(m.allocate_slots(&mut a, 10, &[]));
-        assert_eq!(a.blocks.len(), 3);
-        let ev = m.pool.take_events();
-        let s = stored(&ev);
-        assert_eq!(s.len(), 1);
-        assert_eq!(s[0].block_hashes.len(), 2);
-        assert_eq!(s[0].parent_block_hash, None);
-        assert_eq!(s[0].token_ids, (1..=8).collect::<Vec<_>>());
-        assert_eq!(s[0].extra_keys, Some(vec![None, None]));
-        a.num_computed = 10;
-        // Two decode tokens complete block 2 (tokens 9..12).
-        for t in [11, 12] {
-            a.tokens.push(t);
-            m.update_hashes(&mut a);
-            assert!(m.allocate_slots(&mut a, 1, &[]));
-            a.num_computed += 1;
-        }
-        let ev = m.pool.take_events();
-        let s = stored(&ev);
-        assert_eq!(s.len(), 1, "only the step completing the block stores");
-        assert_eq!(s[0].token_ids, vec![9, 10, 11, 12]);
-        assert_eq!(
-            s[0].parent_block_hash.as_ref().map(|h| h.to_u64()),
-            Some(a.block_hashes[1].to_event_u64())
-        );
-        m.free(&mut a);
-
-        // Same prompt again: hit capped at (len-1)/bs = 2 blocks.
-        let mut b = KvRequest::new((1..=10).collect(), None, None);
-        m.update_hashes(&mut b);
-        let hits = m.computed_blocks(&b);
-        assert_eq!(hits.len(), 2);
-        assert!(m.allocate_slots(&mut b, 2, &hits));
-        assert!(m.pool.take_events().is_empty(), "nothing new to store");
-    }
-
-    #[test]
-    fn extra_keys_change_hashes_and_appear_in_events() {
-        let m = mgr(10);
-        let lora = Arc::new(LoraAdapter {
-            name: "ad".into(),
-            path: "/p".into(),
-            id: 1,
-        });
-        let mut plain = KvRequest::new((1..=8).collect(), None, None);
-        let mut salted = KvRequest::new((1..=8).collect(), None, Some("s".into()));
-        let mut lo = KvRequest::new((1..=8).collect(), Some(lora), None);
-        for r in [&mut plain, &mut salted, &mut lo] {
-            m.update_hashes(r);
-        }
-        assert_ne!(plain.block_hashes[0], salted.block_hashes[0]);
-        assert_ne!(plain.block_hashes[0], lo.block_hashes[0]);
-        let mut m = m;
-        assert!(m.allocate_slots(&mut salted, 8, &[]));
-        let ev = m.pool.take_events();
-        assert_eq!(
-            stored(&ev)[0].extra_keys,
-            Some(vec![Some(vec![EventExtraKey::Str("s".into())]), None])
-        );
-    }
-
-    /// Block size 4; an image at tokens 2..7 and another at 8..10 of a 13-token prompt (3 full
-    /// blocks): vLLM's per-block extra keys are `[("a", 2)]`, `[("a", -2)]`, `[("b", 0)]`.
-    #[test]
-    fn image_items_become_mm_extra_keys() {
-        let mm = vec![
-            MmFeature {
-                identifier: "a".into(),
-                offset: 2,
-                length: 5,
-            },
-            MmFeature {
-                identifier: "b".into(),
-                offset: 8,
-                length: 2,
-            },
-        ];
-        let mut m = mgr(10);
-        let mut img = KvRequest::new((1..=13).collect(), None, None).with_mm(mm);
-        let mut text = KvRequest::new((1..=13).collect(), None, None);
-        m.update_hashes(&mut img);
-        m.update_hashes(&mut text);
-        let key = |id: &str, offset| ExtraKey::Mm {
-            identifier: id.into(),
-            offset,
-        };
-        let hasher = BlockHasher::with_seed(HashAlgo::Sha256Cbor, "vllm-none-hash");
-        let h0 = hasher.hash_block(None, &[1, 2, 3, 4], &[key("a", 2)]);
-        let h1 = hasher.hash_block(Some(&h0), &[5, 6, 7, 8], &[key("a", -2)]);
-        let h2 = hasher.hash_block(Some(&h1), &[9, 10, 11, 12], &[key("b", 0)]);
-        assert_eq!(
-            img.block_hashes,
-            vec![h0, h1, h2],
-            "chained over the extra keys"
-        );
-        // vLLM 0.33's `hash_block_tokens(sha256_cbor, …)` with these tokens and extra keys
-        // (NONE_HASH from "vllm-none-hash"), as event u64s.
-        let vllm: [u64; 3] = [
-            14_729_549_956_329_983_236,
-            5_575_366_703_362_950_158,
-            4_662_408_401_312_086_423,
-        ];
-        let ours: Vec<u64> = img
-            .block_hashes
-            .iter()
-            .map(BlockHash::to_event_u64)
-            .collect();
-        assert_eq!(ours, vllm);
-        assert_ne!(img.block_hashes[0], text.block_hashes[0]);
-        assert!(m.allocate_slots(&mut img, 13, &[]));
-        let ev = m.pool.take_events();
-        let ev_key = |id: &str, offset| EventExtraKey::Mm {
-            identifier: id.into(),
-            offset,
-        };
-        assert_eq!(
-            stored(&ev)[0].extra_keys,
-            Some(vec![
-                Some(vec![ev_key("a", 2)]),
-                Some(vec![ev_key("a", -2)]),
-                Some(vec![ev_key("b", 0)]),
-            ])
-        );
-    }
-
-    #[test]
-    fn allocation_failure_changes_nothing() {
-        let mut m = mgr(3);
-        let mut a = KvRequest::new((1..=12).collect(), None, None);
-        m.update_hashes(&mut a);
-        assert!(!m.allocate_slots(&mut a, 12, &[]));
-        assert!(a.blocks.is_empty());
-        assert_eq!(m.pool.num_free(), 2);
     }
 }

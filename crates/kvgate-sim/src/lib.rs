@@ -17,6 +17,8 @@
 //!   `batch`: what each engine step computes, as vLLM V1's scheduler picks it (FIFO, chunked
 //!   prefill, preemption, LoRA budget).
 //! - `kv_manager`: per-request hashing, prefix hits, slot allocation, `BlockStored`;
+//!   `kv_groups`: the KV cache groups of a plain or hybrid (sliding-window + full attention,
+//!   `--hybrid-sliding-window`) model and the rules in which they differ;
 //!   `block_pool`: vLLM's block pool (null block, LRU free queue, `BlockRemoved`).
 //! - [`hashing`]: `sha256_cbor` / `xxhash_cbor` block hashes and NONE_HASH seeding.
 //! - `publisher`: ZMQ PUB per DP rank (3-frame messages, seq), ROUTER replay, drop faults;
@@ -34,6 +36,7 @@ mod engine;
 mod fleet;
 pub mod hashing;
 mod instance;
+mod kv_groups;
 mod kv_manager;
 mod media;
 mod messages;

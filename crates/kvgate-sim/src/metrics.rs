@@ -272,10 +272,13 @@ pub(crate) fn render(info: &MetricsInfo, stats: &[EngineStats]) -> String {
         out,
         "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n# TYPE vllm:cache_config_info gauge"
     );
+    // `sliding_window` is CacheConfig's: vLLM sets it only for a model whose every layer is
+    // sliding-window (`EngineArgs.create_engine_config`), so it is "None" for a plain model and
+    // for a hybrid one alike; the window is in the KV events' `kv_cache_spec_sliding_window`.
     for e in 0..stats.len() {
         let _ = writeln!(
             out,
-            "vllm:cache_config_info{{block_size=\"{}\",enable_prefix_caching=\"True\",engine=\"{e}\",num_gpu_blocks=\"{}\",prefix_caching_hash_algo=\"{}\"}} 1.0",
+            "vllm:cache_config_info{{block_size=\"{}\",enable_prefix_caching=\"True\",engine=\"{e}\",num_gpu_blocks=\"{}\",prefix_caching_hash_algo=\"{}\",sliding_window=\"None\"}} 1.0",
             info.block_size, info.num_gpu_blocks, info.hash_algo
         );
     }
@@ -348,6 +351,7 @@ mod tests {
             "max_lora=\"2\",running_lora_adapters=\"a\",waiting_lora_adapters=\"\"",
             "block_size=\"16\"",
             "num_gpu_blocks=\"100\"",
+            "prefix_caching_hash_algo=\"sha256_cbor\",sliding_window=\"None\"}",
             "# TYPE vllm:e2e_request_latency_seconds histogram",
         ];
         for w in want {

@@ -390,7 +390,7 @@ mod tests {
         let mut m = KvManager::new(4, 4, BlockHasher::with_seed(HashAlgo::Sha256Cbor, "x"));
         let mut r = KvRequest::new((1..=8).collect(), None, None);
         m.update_hashes(&mut r);
-        assert!(m.allocate_slots(&mut r, 8, &[]));
+        assert!(m.allocate_slots(&mut r, 8, None));
         let stored_u64 = r.block_hashes[0].to_event_u64();
         m.free(&mut r);
         // Allocating all 3 usable blocks evicts both cached ones: two BlockRemoved (block 1

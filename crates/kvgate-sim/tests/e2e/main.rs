@@ -19,6 +19,7 @@ use tokio::sync::OnceCell;
 use zeromq::{DealerSocket, Socket, SocketRecv, SocketSend, SubSocket, ZmqMessage};
 
 mod events;
+mod hybrid;
 mod images;
 mod messages;
 mod surface;
