@@ -24,7 +24,10 @@
 //!   cached block), which is all the router can know without the engine's align mode;
 //! - another full-attention group: its own longest prefix.
 //!
-//! The prediction is the smallest of these. Other kinds (`chunked_local_attention`,
+//! The prediction is the smallest of these. Linear attention (`linear_attention`, gated delta
+//! nets and the like) keeps one recurrent state per request, as Mamba does: modelling it needs
+//! the engine to publish the blocks at which it keeps a state, with the rule of a run of 1;
+//! without that, nothing here can tell where such a group could resume. Other kinds (`chunked_local_attention`,
 //! `encoder_only_attention`, `cross_attention`, …) are not modelled: their events are counted
 //! as skipped (`non_full_attention_group`) and the endpoint is predicted from its primary group
 //! as before. A group whose blocks are not the router's block size is skipped the same way.
