@@ -54,9 +54,10 @@ READY_TIMEOUT=${READY_TIMEOUT:-60}
 
 # ---------------------------------------------------------------- data
 ENGINES=4
-# Every engine (as scripts/peers.sh's fleet, one process per engine).
-FLEET_FLAGS=(--num-gpu-blocks 320 --prefill-tokens-per-s 10000 --prefill-base-ms 5 --itl-ms 5
-  --prefix-caching-hash-algo sha256_cbor)
+# Every engine (as scripts/peers.sh's fleet, one process per engine): 320 blocks of 16 tokens,
+# stated (the sim's default block size is 32).
+FLEET_FLAGS=(--num-gpu-blocks 320 --block-size 16 --prefill-tokens-per-s 10000 --prefill-base-ms 5
+  --itl-ms 5 --prefix-caching-hash-algo sha256_cbor)
 ALL_FAULTS=(restart drop stall blackhole)
 RESTART_ENGINE=1
 STALL_ENGINE=0

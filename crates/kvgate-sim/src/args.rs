@@ -90,8 +90,9 @@ pub struct SimArgs {
     )]
     pub num_gpu_blocks: usize,
 
-    /// Tokens per KV-cache block.
-    #[arg(long, default_value_t = 16)]
+    /// Tokens per KV-cache block. The default is what vLLM's CPU attention backend runs (it
+    /// accepts multiples of 32 only); vLLM's GPU default is 16.
+    #[arg(long, default_value_t = 32)]
     pub block_size: usize,
 
     /// Simulate a hybrid model (e.g. Gemma3: layers alternate sliding-window and full
@@ -334,7 +335,8 @@ mod tests {
     #[test]
     fn defaults_parse_and_validate() {
         let a = SimArgs::defaults();
-        assert_eq!(a.block_size, 16);
+        assert_eq!(a.block_size, 32, "the block size of vLLM's CPU backend");
+        assert_eq!(a.hybrid_sliding_window, None);
         assert_eq!(a.kv_events_encoding, EventEncoding::Map);
         assert!(a.validate().is_ok());
         assert!(a.tokenizer_dir().ends_with("testdata/tokenizers/qwen3"));

@@ -87,9 +87,12 @@ impl Plan {
     /// a router that keeps each group on one engine avoids evicting them. Seven
     /// conversations in flight: with eight, worker `w` would only ever carry group `w`, and
     /// round-robin over 4 engines would pin it to engine `w mod 4`, a perfect placement.
+    /// The blocks are 16 tokens, not the simulator's default of 32: this is the fleet shape
+    /// BENCHMARKS.md measures the demo (and `scripts/peers.sh`) on.
     fn new(quick: bool) -> Plan {
         let sim = SimShape {
             gpu_blocks: 320,
+            block_size: 16,
             prefill_tokens_per_s: 10_000.0,
             prefill_base_ms: 5.0,
             itl_ms: 5.0,

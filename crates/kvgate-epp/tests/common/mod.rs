@@ -167,9 +167,17 @@ pub fn config(yaml: &str, models_refresh: Option<Duration>) -> ProxyConfig {
     config
 }
 
-/// A loopback fleet: fast prefill, 0.2 ms per token, then `extra`.
+/// A loopback fleet: 16-token blocks (these tests' KV capacities are sized for them, not for
+/// the simulator's default of 32), fast prefill, 0.2 ms per token, then `extra`.
 pub async fn fleet(extra: &[&str]) -> Sim {
-    let base = ["--prefill-base-ms", "1", "--itl-ms", "0.2"];
+    let base = [
+        "--block-size",
+        "16",
+        "--prefill-base-ms",
+        "1",
+        "--itl-ms",
+        "0.2",
+    ];
     let args = SimArgs::loopback(base.iter().chain(extra)).unwrap();
     kvgate_sim::start(&args, &HashMap::<String, String>::new())
         .await

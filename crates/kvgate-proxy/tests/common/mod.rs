@@ -13,10 +13,18 @@ use serde_json::Value;
 
 pub(crate) const MODEL: &str = "Qwen/Qwen3-0.6B";
 
-/// A loopback fleet's flags: fast prefill, 0.2 ms per token, then `extra` (which may
-/// override them).
+/// A loopback fleet's flags: 16-token blocks (the KV capacities and prompt sizes of these
+/// tests are written for them, not for the simulator's default of 32), fast prefill, 0.2 ms
+/// per token, then `extra` (which may override them).
 pub(crate) fn sim_args(extra: &[&str]) -> SimArgs {
-    let base = ["--prefill-base-ms", "1", "--itl-ms", "0.2"];
+    let base = [
+        "--block-size",
+        "16",
+        "--prefill-base-ms",
+        "1",
+        "--itl-ms",
+        "0.2",
+    ];
     SimArgs::loopback(base.iter().chain(extra)).unwrap()
 }
 

@@ -148,9 +148,10 @@ def subscribe() -> tuple[zmq.Context, zmq.Socket]:
     sub = ctx.socket(zmq.SUB)
     sub.setsockopt(zmq.SUBSCRIBE, b"")
     sub.connect(EVENTS)
-    # Slow joiner: send distinct warm-up requests until the first batch arrives.
+    # Slow joiner: send distinct warm-up requests until the first batch arrives (32 tokens: a
+    # full block at the sim's default block size).
     for i in range(100):
-        post("/v1/completions", {"prompt": list(range(60000 + 16 * i, 60016 + 16 * i)), "max_tokens": 1})
+        post("/v1/completions", {"prompt": list(range(60000 + 32 * i, 60032 + 32 * i)), "max_tokens": 1})
         if sub.poll(200):
             recv_all(sub, 200)
             return ctx, sub

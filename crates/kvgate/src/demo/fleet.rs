@@ -25,8 +25,10 @@ pub(crate) struct Engines {
 /// The simulator's latency model and KV capacity.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct SimShape {
-    /// KV blocks per engine (16 tokens each).
+    /// KV blocks per engine.
     pub(crate) gpu_blocks: usize,
+    /// Tokens per KV block.
+    pub(crate) block_size: usize,
     /// Prefill speed in tokens per second.
     pub(crate) prefill_tokens_per_s: f64,
     /// Fixed cost of a prefill step, in milliseconds.
@@ -129,6 +131,7 @@ fn sim_args(model: &str, shape: SimShape) -> anyhow::Result<SimArgs> {
         ("--model", model.to_owned()),
         ("--instances", INSTANCES.to_string()),
         ("--num-gpu-blocks", shape.gpu_blocks.to_string()),
+        ("--block-size", shape.block_size.to_string()),
         (
             "--prefill-tokens-per-s",
             shape.prefill_tokens_per_s.to_string(),

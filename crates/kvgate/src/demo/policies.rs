@@ -215,6 +215,7 @@ mod tests {
     async fn router_metrics_are_named_kvgate_once() {
         let shape = SimShape {
             gpu_blocks: 256,
+            block_size: 16,
             prefill_tokens_per_s: 0.0,
             prefill_base_ms: 1.0,
             itl_ms: 0.2,

@@ -201,9 +201,14 @@ pub(crate) struct Engine {
     pub(crate) events: String,
 }
 
-/// `kvgate sim` with `n` engines on free loopback ports (block size 16, no replay).
+/// `kvgate sim` with `n` engines on free loopback ports (block size [`BLOCK`], no replay).
 pub(crate) fn sim(n: usize) -> (Kvgate, Vec<Engine>) {
-    let args: Vec<String> = [
+    sim_with(n, &["--block-size", &BLOCK.to_string()])
+}
+
+/// [`sim`] with `flags` in place of its block size (e.g. `--block-size 32` and more).
+pub(crate) fn sim_with(n: usize, flags: &[&str]) -> (Kvgate, Vec<Engine>) {
+    let mut args: Vec<String> = [
         "sim",
         "--port",
         "0",
@@ -221,6 +226,7 @@ pub(crate) fn sim(n: usize) -> (Kvgate, Vec<Engine>) {
     .iter()
     .map(ToString::to_string)
     .collect();
+    args.extend(flags.iter().map(ToString::to_string));
     let sim = Kvgate::start(&args);
     let mut engines = Vec::new();
     sim.lines_until(|line| {
@@ -338,7 +344,8 @@ impl Settled {
     }
 }
 
-/// The sims' block size (their default).
+/// The block size [`sim`] gives its engines (not the simulator's default of 32): these tests'
+/// prompts, image offsets and the block size a flag contradicts are sized for 16-token blocks.
 pub(crate) const BLOCK: u64 = 16;
 
 /// The router's `kvgate_kv_index_holdings` of `endpoint` (event-confirmed holdings only;
