@@ -39,6 +39,7 @@ pub(crate) fn router(inst: Arc<Instance>) -> Router {
         .route("/v1/models", get(render::models))
         .route("/health", get(health))
         .route("/reset_prefix_cache", post(reset_prefix_cache))
+        .route("/sim/restart", post(sim_restart))
         .route("/metrics", get(metrics))
         .route("/kv_event_sources", get(kv_event_sources))
         .with_state(inst)
@@ -283,6 +284,13 @@ async fn reset_prefix_cache(
     axum::Json(serde_json::json!({"success": ok})).into_response()
 }
 
+/// `POST /sim/restart` (the simulator's own, no vLLM route): the server restarts as a new
+/// process on the same ports would (see `Instance::restart`); answers once it has.
+async fn sim_restart(State(inst): State<Arc<Instance>>) -> Response {
+    inst.restart().await;
+    axum::Json(serde_json::json!({"restarted": true})).into_response()
+}
+
 #[derive(Debug, Deserialize, Default)]
 struct MetricsQuery {
     /// Overrides `--metrics-stall-ms` for this scrape.
@@ -304,7 +312,8 @@ async fn metrics(State(inst): State<Arc<Instance>>, Query(q): Query<MetricsQuery
             s
         })
         .collect();
-    let text = crate::metrics::render(&inst.metrics_info, &stats);
+    let mut text = crate::metrics::render(&inst.metrics_info, &stats);
+    crate::metrics::render_process_start(&mut text, inst.process_start());
     (
         [(
             header::CONTENT_TYPE,

@@ -138,6 +138,10 @@ enum EngineMsg {
         reset_running: bool,
         done: oneshot::Sender<bool>,
     },
+    /// Restart as a new engine process would start (`POST /sim/restart`).
+    Restart {
+        done: oneshot::Sender<()>,
+    },
 }
 
 /// State shared between the engine task and the HTTP side.
@@ -205,6 +209,16 @@ impl EngineHandle {
             return false;
         }
         rx.await.unwrap_or(false)
+    }
+
+    /// Restarts the engine as a new process would start: in-flight requests fail, the cache,
+    /// counters and engine clock start empty, the KV-event sequence restarts at 0 with nothing
+    /// retained for replay, and the engine is alive again. Returns once done.
+    pub(crate) async fn restart(&self) {
+        let (done, rx) = oneshot::channel();
+        if self.tx.send(EngineMsg::Restart { done }).is_ok() {
+            let _ = rx.await;
+        }
     }
 
     /// Marks the engine dead: in-flight and new requests fail.
@@ -296,11 +310,16 @@ impl EngineCore {
                 let ok = self.batcher.kv.pool.reset_prefix_cache();
                 let _ = done.send(ok);
             }
+            EngineMsg::Restart { done } => {
+                self.restart("POST /sim/restart");
+                self.shared.dead.store(false, Ordering::Relaxed);
+                let _ = done.send(());
+            }
         }
     }
 
-    fn restart(&mut self) {
-        tracing::info!("engine restart (--restart-every)");
+    fn restart(&mut self, why: &str) {
+        tracing::info!(why, "engine restart");
         self.batcher
             .abort_all(EngineOutput::Failed(EngineFailure::Restarted));
         self.batcher = Self::fresh_batcher(&self.cfg);
@@ -344,7 +363,7 @@ impl EngineCore {
                     Some(at) => tokio::select! {
                         m = rx.recv() => m,
                         () = tokio::time::sleep_until(at) => {
-                            self.restart();
+                            self.restart("--restart-every");
                             next_restart = self.cfg.restart_every.map(|d| Instant::now() + d);
                             continue;
                         }
@@ -360,7 +379,7 @@ impl EngineCore {
                 self.handle(m);
             }
             if next_restart.is_some_and(|at| Instant::now() >= at) {
-                self.restart();
+                self.restart("--restart-every");
                 next_restart = self.cfg.restart_every.map(|d| Instant::now() + d);
                 continue;
             }

@@ -197,6 +197,7 @@ pub async fn start_with_prompts(
             requests_seen: AtomicU64::new(0),
             dropped_batches,
             metrics_stall: Duration::from_millis(args.metrics_stall_ms),
+            process_start: AtomicU64::new(crate::instance::start_time_now().to_bits()),
         });
         let app = api::router(inst);
         let mut rx = shutdown_rx.clone();

@@ -4,6 +4,8 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use crate::metrics::unix_now;
+
 use crate::engine::{EngineHandle, EngineOutput};
 use crate::kv_manager::LoraAdapter;
 use crate::metrics::MetricsInfo;
@@ -29,6 +31,8 @@ pub(crate) struct Instance {
     pub(crate) dropped_batches: Vec<Arc<AtomicU64>>,
     /// `--metrics-stall-ms`.
     pub(crate) metrics_stall: std::time::Duration,
+    /// Unix time the server (re)started, as `f64` bits (`process_start_time_seconds`).
+    pub(crate) process_start: AtomicU64,
     /// The `GET /kv_event_sources` answer (`{}` with KV events off).
     pub(crate) kv_event_sources: serde_json::Value,
 }
@@ -71,6 +75,29 @@ impl Instance {
         }
     }
 
+    /// Restarts the server as a new process on the same ports would start: every engine core
+    /// restarts (in-flight requests fail; cache, counters and KV-event sequence start over,
+    /// nothing retained for replay; nothing is published before the first request), engines
+    /// killed by `--fail-after` live again with a fresh budget, and `process_start_time_seconds`
+    /// moves to now.
+    pub(crate) async fn restart(&self) {
+        for e in &self.engines {
+            e.restart().await;
+        }
+        self.requests_seen.store(0, Ordering::Relaxed);
+        for d in &self.dropped_batches {
+            d.store(0, Ordering::Relaxed);
+        }
+        // Forward by a tick at least, however soon after the last start.
+        let start = start_time_now().max(self.process_start() + 0.01);
+        self.process_start.store(start.to_bits(), Ordering::Relaxed);
+    }
+
+    /// `process_start_time_seconds`.
+    pub(crate) fn process_start(&self) -> f64 {
+        f64::from_bits(self.process_start.load(Ordering::Relaxed))
+    }
+
     pub(crate) fn is_dead(&self) -> bool {
         self.engines
             .iter()
@@ -90,6 +117,12 @@ impl Instance {
         }
         best
     }
+}
+
+/// Now as a process start time, to the clock tick (prometheus_client reads it from
+/// `/proc/self/stat` in 1/100 s).
+pub(crate) fn start_time_now() -> f64 {
+    (unix_now() * 100.0).round() / 100.0
 }
 
 /// Keeps an engine's in-flight count while a response is being produced.

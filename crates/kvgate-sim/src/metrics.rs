@@ -3,6 +3,8 @@
 //!
 //! Hand-written because the names contain `:`. Each engine (DP rank) keeps an
 //! [`EngineStats`] that it updates after every step; rendering only reads snapshots.
+//! `process_start_time_seconds` is the server's (prometheus_client's process collector, in
+//! its number format); `POST /sim/restart` moves it as a new process would.
 
 use std::collections::BTreeSet;
 use std::fmt::Write;
@@ -285,6 +287,34 @@ pub(crate) fn render(info: &MetricsInfo, stats: &[EngineStats]) -> String {
     out
 }
 
+/// `process_start_time_seconds` of a server started at unix time `start`, as prometheus_client
+/// writes it.
+pub(crate) fn render_process_start(out: &mut String, start: f64) {
+    let _ = writeln!(
+        out,
+        "# HELP process_start_time_seconds Start time of the process since unix epoch in seconds.\n# TYPE process_start_time_seconds gauge\nprocess_start_time_seconds {}",
+        go_float(start)
+    );
+}
+
+/// prometheus_client's `floatToGoString`: Python's `repr`, with an exponent once the integer
+/// part has more than 6 digits (`1733612345.67` → `1.73361234567e+09`).
+fn go_float(v: f64) -> String {
+    let mut s = format!("{v}");
+    if v.is_finite() && !s.contains('.') && !s.contains('e') {
+        s.push_str(".0");
+    }
+    match s.find('.') {
+        Some(dot) if v > 0.0 && dot > 6 => {
+            let digits = format!("{}{}", &s[1..dot], &s[dot + 1..]);
+            let mantissa = format!("{}.{digits}", &s[..1]);
+            let mantissa = mantissa.trim_end_matches(['0', '.']);
+            format!("{mantissa}e+0{}", dot - 1)
+        }
+        _ => s,
+    }
+}
+
 fn histogram(
     out: &mut String,
     name: &str,
@@ -357,5 +387,24 @@ mod tests {
         for w in want {
             assert!(text.contains(w), "missing {w}\n{text}");
         }
+    }
+
+    #[test]
+    fn process_start_is_written_as_prometheus_client_does() {
+        let cases: Vec<(f64, &str)> = vec![
+            (1_733_612_345.67, "1.73361234567e+09"),
+            (1_733_612_345.0, "1.733612345e+09"),
+            (1_733_612_340.0, "1.73361234e+09"),
+            (12.5, "12.5"),
+        ];
+        for (v, want) in cases {
+            assert_eq!(go_float(v), want, "{v}");
+        }
+        let mut out = String::new();
+        render_process_start(&mut out, 1_733_612_345.67);
+        assert!(
+            out.ends_with("# TYPE process_start_time_seconds gauge\nprocess_start_time_seconds 1.73361234567e+09\n"),
+            "{out}"
+        );
     }
 }

@@ -22,6 +22,7 @@ mod events;
 mod hybrid;
 mod images;
 mod messages;
+mod restart;
 mod surface;
 
 static PROMPTS: OnceCell<Arc<LocalPrompts>> = OnceCell::const_new();
