@@ -332,6 +332,7 @@ impl EngineCore {
     fn flush_events(&mut self) {
         let events = self.batcher.kv.pool.take_events();
         if !events.is_empty() {
+            self.stats.published_events += events.len() as u64;
             self.publisher.publish(events);
         }
     }

@@ -74,6 +74,8 @@ pub(crate) struct EngineStats {
     pub(crate) cached_blocks: usize,
     /// KV event batches dropped on the wire (`--drop-event-batches`); filled at render time.
     pub(crate) dropped_event_batches: u64,
+    /// KV events handed to the publisher (in batches sent or dropped on the wire).
+    pub(crate) published_events: u64,
 }
 
 impl Default for EngineStats {
@@ -96,6 +98,7 @@ impl Default for EngineStats {
             lora_updated_at: unix_now(),
             cached_blocks: 0,
             dropped_event_batches: 0,
+            published_events: 0,
         }
     }
 }
@@ -209,6 +212,13 @@ pub(crate) fn render(info: &MetricsInfo, stats: &[EngineStats]) -> String {
         "gauge",
         "Distinct block hashes in the prefix cache (stored and not yet removed in KV events).",
         &|s| s.cached_blocks as f64,
+    );
+    family(
+        &mut out,
+        "kvgate_sim:published_events_total",
+        "counter",
+        "KV events published (each BlockStored, BlockRemoved, AllBlocksCleared; a subscriber that applied them all counts as many).",
+        &|s| s.published_events as f64,
     );
     family(
         &mut out,
@@ -365,6 +375,7 @@ mod tests {
             prefix_hits: 32,
             cached_blocks: 7,
             dropped_event_batches: 2,
+            published_events: 5,
             ..Default::default()
         };
         s.ttft.observe(Duration::from_millis(30));
@@ -375,6 +386,7 @@ mod tests {
             "vllm:prefix_cache_hits_total{engine=\"0\",model_name=\"m\"} 32.0",
             "kvgate_sim:cached_blocks{engine=\"0\",model_name=\"m\"} 7.0",
             "kvgate_sim:dropped_event_batches_total{engine=\"0\",model_name=\"m\"} 2.0",
+            "kvgate_sim:published_events_total{engine=\"0\",model_name=\"m\"} 5.0",
             "vllm:time_to_first_token_seconds_bucket{engine=\"0\",model_name=\"m\",le=\"0.04\"} 1.0",
             "vllm:time_to_first_token_seconds_bucket{engine=\"0\",model_name=\"m\",le=\"0.02\"} 0.0",
             "vllm:time_to_first_token_seconds_count{engine=\"0\",model_name=\"m\"} 1.0",

@@ -359,6 +359,27 @@ pub(crate) fn holdings(admin: SocketAddr, endpoint: &str) -> u64 {
         .sum()
 }
 
+/// The sum of the `/metrics` samples at `addr` of `family` whose line contains `part` (0
+/// when none).
+pub(crate) fn metric_sum(addr: SocketAddr, family: &str, part: &str) -> f64 {
+    let (_, _, text) = exchange(addr, "GET", "/metrics", "");
+    text.lines()
+        .filter(|l| l.starts_with(&format!("{family}{{")) && l.contains(part))
+        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+        .sum()
+}
+
+/// Waits (60 s at most) until the router at `admin` has applied every KV event the sim
+/// engine at `engine` published (`kvgate_kv_events_total` against the sim's own
+/// `kvgate_sim:published_events_total`).
+pub(crate) fn wait_events_applied(admin: SocketAddr, engine: SocketAddr) {
+    let published = metric_sum(engine, "kvgate_sim:published_events_total", "");
+    let label = engine.to_string();
+    wait_until(&format!("{published} events of {label} applied"), || {
+        metric_sum(admin, "kvgate_kv_events_total", &label) >= published
+    });
+}
+
 /// Polls `done` until it holds (panics after 60 s).
 pub(crate) fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(60);
