@@ -66,9 +66,9 @@ start_router() { # NAME LOG -> sets RPID, RPORT
     kvgate) cmd=("$KVGATE" serve --listen 127.0.0.1:$port --admin-listen 127.0.0.1:$admin
         --endpoint "${URLS[0]},kv=tcp://127.0.0.1:${K[0]},replay=tcp://127.0.0.1:$((K[0]+1))"
         --endpoint "${URLS[1]},kv=tcp://127.0.0.1:${K[1]},replay=tcp://127.0.0.1:$((K[1]+1))"
-        --tokenizer "tiny=$ROOT/testdata/tokenizers/qwen3" --decision-log "$OUT/decisions.jsonl") ;;
+        --tokenizer "tiny=$ROOT/testdata/tokenizers/qwen3" --decision-log "$DECISIONS") ;;
     kvgate-zero) cmd=("$KVGATE" serve --listen 127.0.0.1:$port --admin-listen 127.0.0.1:$admin
-        --endpoint "${URLS[0]}" --endpoint "${URLS[1]}" --decision-log "$OUT/decisions.jsonl") ;;
+        --endpoint "${URLS[0]}" --endpoint "${URLS[1]}" --decision-log "$DECISIONS") ;;
     rr|vllm-cache|vllm-kv)
       cmd=("$VENV/bin/vllm-router" --host 127.0.0.1 --port $port --prometheus-host 127.0.0.1 --prometheus-port $prom
         --worker-urls "${URLS[@]}" --worker-startup-check-interval 1 --log-level warning)
@@ -95,19 +95,26 @@ for ((rep = 1; rep <= REPEATS; rep++)); do
   order=("${RLIST[@]}")
   if ((rep % 2 == 0)); then mapfile -t order < <(printf '%s\n' "${RLIST[@]}" | tac); fi
   for r in "${order[@]}"; do
-    rm -f "$OUT/decisions.jsonl"
-    for u in "${URLS[@]}"; do curl -sf -X POST "$u/reset_prefix_cache" > /dev/null; done
+    DECISIONS="$OUT/raw/$r/rep$rep.decisions.jsonl"; mkdir -p "$OUT/raw/$r"
+    # vLLM publishes the reset's AllBlocksCleared only with its next engine step: one token
+    # through each engine publishes it, or a router starting now would replay the previous
+    # run's holdings (the same prompts, under the same seed) from the engine's history.
+    for u in "${URLS[@]}"; do
+      curl -sf -X POST "$u/reset_prefix_cache" > /dev/null
+      curl -sf "$u/v1/completions" -H 'content-type: application/json' \
+        -d '{"model":"tiny","prompt":"flush","max_tokens":1}' > /dev/null
+    done
     start_router "$r" "$OUT/logs/$r.rep$rep.log"
-    dir="$OUT/raw/$r/rep$rep"
+    dir="$OUT/raw/$r/rep$rep"; mkdir -p "$OUT/raw/$r"
     # shellcheck disable=SC2086
     "$KVGATE" bench --target "http://127.0.0.1:$RPORT" --model tiny --out "$dir" --seed "$rep" $WORKLOAD > "$dir.bench.log" 2>&1 || true
     kill -TERM -- "-$RPID" 2>/dev/null || true; wait "$RPID" 2>/dev/null || true
-    python3 - "$dir.bench.log" "$OUT/decisions.jsonl" "$r" "$rep" >> "$OUT/runs.tsv" <<'PY'
+    python3 - "$dir.bench.log" "$DECISIONS" "$r" "$rep" >> "$OUT/runs.tsv" <<'PY'
 import json, os, sys
 log, dl, name, rep = sys.argv[1:5]
 row = next((l for l in open(log) if l.startswith("| 127.0.0.1:")), None)
 cells = [c.strip() for c in row.strip().strip("|").split("|")] if row else []
-req, err, hit, p50, rps = (cells[1], cells[2], cells[3].rstrip("%"), cells[4], cells[10]) if cells else ("-",) * 5
+req, err, hit, p50, rps = (cells[1], cells[2], cells[3].rstrip("%"), cells[4], cells[11]) if cells else ("-",) * 5
 pred = real = mis = "-"
 if os.path.exists(dl):
     recs = [json.loads(l) for l in open(dl) if l.strip()]
