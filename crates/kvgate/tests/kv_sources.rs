@@ -24,8 +24,11 @@ use common::*;
 /// interface, an ephemeral port each); returns each engine's HTTP address and events port.
 fn wildcard_sim(n: usize) -> (Kvgate, Vec<(SocketAddr, u16)>) {
     let n_text = n.to_string();
+    let block = BLOCK.to_string();
     let args = [
         "sim",
+        "--block-size",
+        &block,
         "--port",
         "0",
         "--instances",
